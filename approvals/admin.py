@@ -1,0 +1,123 @@
+from __future__ import annotations
+
+from django.contrib import admin
+
+from approvals.models import AuditEvent, IdempotencyRecord, Membership, Run, Tenant, Ticket
+
+
+@admin.register(Tenant)
+class TenantAdmin(admin.ModelAdmin):
+    list_display = ["slug", "name", "audit_seq", "created_at"]
+    readonly_fields = ["audit_seq", "audit_head"]
+    search_fields = ["slug", "name"]
+
+
+@admin.register(Membership)
+class MembershipAdmin(admin.ModelAdmin):
+    list_display = ["user", "tenant", "role", "created_at"]
+    list_filter = ["role", "tenant"]
+    search_fields = ["user__username"]
+
+
+class TicketInline(admin.TabularInline):
+    model = Ticket
+    fields = ["tool_name", "status", "arguments_digest", "requested_by", "decided_by", "decided_at"]
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+    show_change_link = True
+
+
+@admin.register(Run)
+class RunAdmin(admin.ModelAdmin):
+    list_display = ["id", "tenant", "agent_key", "agent_version", "status", "title", "created_at"]
+    list_filter = ["status", "tenant", "agent_key"]
+    search_fields = ["title"]
+    # The state blob is shown as its size only: it is ciphertext, and editing it breaks it.
+    exclude = ["state_nonce", "state_ciphertext"]
+    readonly_fields = [
+        "tenant",
+        "agent_key",
+        "agent_version",
+        "schema_version",
+        "state_key_id",
+        "state_generation",
+        "blob_size",
+        "session_backend",
+        "session_id",
+        "session_location",
+        "lease_owner",
+        "lease_expires_at",
+        "attempts",
+        "final_output",
+        "status_reason",
+        "created_at",
+        "updated_at",
+        "finished_at",
+    ]
+    inlines = [TicketInline]
+
+    @admin.display(description="Encrypted state (bytes)")
+    def blob_size(self, obj: Run) -> int:
+        return len(obj.state_ciphertext or b"")
+
+
+@admin.register(Ticket)
+class TicketAdmin(admin.ModelAdmin):
+    list_display = [
+        "id",
+        "tenant",
+        "tool_name",
+        "status",
+        "requested_by",
+        "created_at",
+        "expires_at",
+    ]
+    list_filter = ["status", "tenant", "tool_name"]
+    list_select_related = ["tenant", "requested_by"]
+    readonly_fields = [
+        "run",
+        "tenant",
+        "generation",
+        "agent_name",
+        "tool_name",
+        "tool_call_id",
+        "arguments_json",
+        "arguments_digest",
+        "requested_by",
+        "created_at",
+    ]
+
+
+@admin.register(AuditEvent)
+class AuditEventAdmin(admin.ModelAdmin):
+    list_display = ["tenant", "seq", "created_at", "actor_name", "action", "tool_name", "outcome"]
+    list_filter = ["tenant", "action", "outcome"]
+    list_select_related = ["tenant"]
+    search_fields = ["actor_name", "tool_name", "arguments_digest"]
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
+
+
+@admin.register(IdempotencyRecord)
+class IdempotencyRecordAdmin(admin.ModelAdmin):
+    list_display = [
+        "operation",
+        "resource",
+        "status",
+        "tenant",
+        "run",
+        "claimed_by",
+        "completed_at",
+    ]
+    list_filter = ["status", "operation", "tenant"]
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False

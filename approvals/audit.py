@@ -1,0 +1,138 @@
+"""The append-only, hash-chained audit log.
+
+Each tenant has its own chain: an event's hash covers the previous event's hash and the
+event's own fields; the tenant row keeps the head, so a removed tail is found too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from datetime import UTC
+from typing import Any
+
+from django.db import connection
+from django.utils import timezone
+
+from approvals.canonical import canonical_json
+from approvals.models import AuditEvent, Tenant
+from approvals.redaction import redact
+
+GENESIS = "0" * 64
+
+
+def _event_payload(event: AuditEvent) -> str:
+    return canonical_json(
+        {
+            "tenant": event.tenant_id,
+            "seq": event.seq,
+            "created_at": event.created_at.astimezone(UTC).isoformat(timespec="microseconds"),
+            "actor": event.actor_id,
+            "actor_name": event.actor_name,
+            "action": event.action,
+            "run": event.run_id,
+            "ticket": event.ticket_id,
+            "tool_name": event.tool_name,
+            "arguments_digest": event.arguments_digest,
+            "outcome": event.outcome,
+            "detail": event.detail,
+        }
+    )
+
+
+def event_hash(event: AuditEvent) -> str:
+    return hashlib.sha256(f"{event.prev_hash}\n{_event_payload(event)}".encode()).hexdigest()
+
+
+def append(
+    *,
+    tenant_id: int,
+    action: str,
+    actor=None,
+    actor_name: str = "",
+    run_id: int | None = None,
+    ticket_id: int | None = None,
+    tool_name: str = "",
+    arguments_digest: str = "",
+    outcome: str = "",
+    detail: dict[str, Any] | None = None,
+) -> AuditEvent:
+    """Append one event to the tenant's chain. Must run inside the caller's transaction.
+
+    Side effects: locks the tenant row until the transaction ends, inserts the event and
+    moves the tenant's chain head.
+    """
+    if not connection.in_atomic_block:
+        raise RuntimeError("audit.append must run inside a transaction")
+    tenant = Tenant.objects.select_for_update().only("audit_seq", "audit_head").get(pk=tenant_id)
+    now = timezone.now()
+    event = AuditEvent(
+        tenant_id=tenant_id,
+        seq=tenant.audit_seq + 1,
+        created_at=now,
+        actor_id=getattr(actor, "pk", None),
+        actor_name=actor_name or (actor.get_username() if actor is not None else "system"),
+        action=action,
+        run_id=run_id,
+        ticket_id=ticket_id,
+        tool_name=tool_name,
+        arguments_digest=arguments_digest,
+        outcome=outcome,
+        # Defence in depth: callers pass safe facts, and anything secret-shaped is masked.
+        detail=redact(detail or {}),
+        prev_hash=tenant.audit_head or GENESIS,
+    )
+    event.hash = event_hash(event)
+    event.save(force_insert=True)
+    Tenant.objects.filter(pk=tenant_id).update(audit_seq=event.seq, audit_head=event.hash)
+    return event
+
+
+@dataclass(frozen=True)
+class ChainReport:
+    tenant_slug: str
+    events: int
+    ok: bool
+    broken_seq: int | None = None
+    broken_event_id: int | None = None
+    reason: str = ""
+
+
+def verify_chain(tenant: Tenant) -> ChainReport:
+    """Recompute the tenant's chain from its first event to its recorded head."""
+    expected_prev = GENESIS
+    expected_seq = 1
+    count = 0
+    events = AuditEvent.objects.filter(tenant=tenant).order_by("seq").iterator(chunk_size=2000)
+    for event in events:
+        count += 1
+        if event.seq != expected_seq:
+            return ChainReport(
+                tenant.slug,
+                count,
+                False,
+                expected_seq,
+                event.pk,
+                f"event #{expected_seq} is missing",
+            )
+        if event.prev_hash != expected_prev:
+            return ChainReport(
+                tenant.slug, count, False, event.seq, event.pk, "previous-hash link is broken"
+            )
+        if event_hash(event) != event.hash:
+            return ChainReport(
+                tenant.slug, count, False, event.seq, event.pk, "contents differ from their hash"
+            )
+        expected_prev = event.hash
+        expected_seq += 1
+    tenant.refresh_from_db(fields=["audit_seq", "audit_head"])
+    if tenant.audit_seq != expected_seq - 1 or (tenant.audit_head or GENESIS) != expected_prev:
+        return ChainReport(
+            tenant.slug,
+            count,
+            False,
+            expected_seq,
+            None,
+            f"chain ends at #{expected_seq - 1} but the head says #{tenant.audit_seq}",
+        )
+    return ChainReport(tenant.slug, count, True)

@@ -1,0 +1,47 @@
+"""Approve or reject a ticket from the command line, with the same rules as the console."""
+
+from __future__ import annotations
+
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand, CommandError
+
+from approvals import services
+from approvals.models import Ticket
+
+
+class Command(BaseCommand):
+    help = "Decide a pending ticket: decide TICKET_ID --approve|--reject --user USERNAME"
+
+    def add_arguments(self, parser) -> None:
+        parser.add_argument("ticket_id", type=int)
+        choice = parser.add_mutually_exclusive_group(required=True)
+        choice.add_argument("--approve", action="store_true")
+        choice.add_argument("--reject", action="store_true")
+        parser.add_argument("--user", required=True, help="username of the person deciding")
+        parser.add_argument("--message", default="", help="sent back to the model on rejection")
+        parser.add_argument(
+            "--always", action="store_true", help="also approve later calls of this tool in the run"
+        )
+
+    def handle(
+        self, *args, ticket_id: int, approve: bool, user: str, message: str, always: bool, **options
+    ) -> None:
+        try:
+            person = get_user_model().objects.get(username=user)
+        except get_user_model().DoesNotExist:
+            raise CommandError(f"no user named {user!r}") from None
+        ticket = Ticket.objects.filter(pk=ticket_id).first()
+        if ticket is None:
+            raise CommandError(f"ticket {ticket_id} does not exist")
+        try:
+            ticket = services.decide(
+                ticket, user=person, approve=approve, message=message, always=always
+            )
+        except services.TicketNotFoundError:
+            raise CommandError(f"ticket {ticket_id} does not exist for {user}") from None
+        except services.DecisionError as error:
+            raise CommandError(str(error)) from None
+        run = ticket.run
+        self.stdout.write(
+            f"ticket {ticket.pk} {ticket.status} by {user}; run {run.pk} is {run.status}"
+        )

@@ -1,0 +1,65 @@
+"""Which code can honour a run: settings.APPROVALS_AGENTS maps agent key -> version -> factory.
+
+An entry is the dotted path of a factory with no required arguments that returns the
+top-level agent, or a mapping with "factory" and optional "context_serializer" and
+"context_deserializer" paths. The deserializer is where runtime dependencies (clients,
+secrets from the environment) go back into the context at resume; they never sit in the blob.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+from django.utils.module_loading import import_string
+
+
+class UnknownAgentError(LookupError):
+    pass
+
+
+@dataclass(frozen=True)
+class AgentSpec:
+    key: str
+    version: str
+    factory: Callable[[], Any]
+    context_serializer: Callable[[Any], dict] | None = None
+    context_deserializer: Callable[[dict], Any] | None = None
+
+    def build(self):
+        return self.factory()
+
+
+def _load(path: str | None, what: str) -> Callable | None:
+    if not path:
+        return None
+    try:
+        return import_string(path)
+    except ImportError as error:
+        raise UnknownAgentError(f"{what} {path!r} cannot be imported: {error}") from None
+
+
+def get_spec(agent_key: str, agent_version: str) -> AgentSpec:
+    versions = settings.APPROVALS_AGENTS.get(agent_key)
+    if versions is None:
+        raise UnknownAgentError(f"agent {agent_key!r} is not registered in APPROVALS_AGENTS")
+    entry = versions.get(str(agent_version))
+    if entry is None:
+        known = ", ".join(sorted(versions)) or "none"
+        raise UnknownAgentError(
+            f"agent {agent_key!r} version {agent_version!r} is not deployed (deployed: {known})"
+        )
+    if isinstance(entry, str):
+        entry = {"factory": entry}
+    factory = _load(entry.get("factory"), "agent factory")
+    if factory is None:
+        raise UnknownAgentError(f"agent {agent_key!r} version {agent_version!r} has no factory")
+    return AgentSpec(
+        key=agent_key,
+        version=str(agent_version),
+        factory=factory,
+        context_serializer=_load(entry.get("context_serializer"), "context serializer"),
+        context_deserializer=_load(entry.get("context_deserializer"), "context deserializer"),
+    )

@@ -1,0 +1,156 @@
+"""Typed readers for settings that come from the environment.
+
+Each reader raises ImproperlyConfigured with one line that names the variable and says what is
+wrong, so that a bad value stops start-up clearly.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import os
+import re
+import secrets
+import sys
+from pathlib import Path
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+from django.core.exceptions import ImproperlyConfigured
+
+_KEY_ID = re.compile(r"^[A-Za-z0-9_.-]{1,32}$")
+
+
+def env_str(name: str, default: str = "") -> str:
+    return os.environ.get(name, default)
+
+
+def env_bool(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    lowered = raw.strip().lower()
+    if lowered in {"1", "true", "yes", "on"}:
+        return True
+    if lowered in {"0", "false", "no", "off"}:
+        return False
+    raise ImproperlyConfigured(f"{name}={raw!r} is not a boolean (use 1/0, true/false, yes/no)")
+
+
+def env_int(name: str, default: int, *, minimum: int = 0) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={raw!r} is not a whole number") from None
+    if value < minimum:
+        raise ImproperlyConfigured(f"{name}={value} must be at least {minimum}")
+    return value
+
+
+def env_list(name: str, default: list[str]) -> list[str]:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    return [part.strip() for part in raw.split(",") if part.strip()]
+
+
+def database_from_url(url: str, *, base_dir: Path) -> dict:
+    """DATABASES entry for a postgres:// or sqlite:/// URL."""
+    parts = urlsplit(url)
+    options = dict(parse_qsl(parts.query))
+    if parts.scheme in {"postgres", "postgresql", "pgsql"}:
+        name = unquote(parts.path.lstrip("/"))
+        if not name:
+            raise ImproperlyConfigured("DATABASE_URL names no database (postgres://user@host/NAME)")
+        return {
+            "ENGINE": "django.db.backends.postgresql",
+            "NAME": name,
+            "USER": unquote(parts.username or ""),
+            "PASSWORD": unquote(parts.password or ""),
+            "HOST": parts.hostname or "",
+            "PORT": str(parts.port or ""),
+            "CONN_MAX_AGE": 0,
+            "OPTIONS": options,
+            "TEST": {"NAME": f"test_{name}"},
+        }
+    if parts.scheme == "sqlite":
+        path = unquote(parts.path)
+        # sqlite:///relative.db leaves "/relative.db"; sqlite:////abs/path.db leaves "//abs/...".
+        path = path[1:] if path.startswith("/") else path
+        if not path:
+            raise ImproperlyConfigured("DATABASE_URL names no SQLite file (sqlite:///path.db)")
+        file = Path(path) if Path(path).is_absolute() else base_dir / path
+        return sqlite_database(file)
+    raise ImproperlyConfigured(
+        f"DATABASE_URL scheme {parts.scheme!r} is not supported (use postgres:// or sqlite:///)"
+    )
+
+
+def sqlite_database(file: Path) -> dict:
+    return {
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": str(file),
+        # IMMEDIATE takes the write lock at BEGIN, so writers queue instead of failing mid-way.
+        "OPTIONS": {"transaction_mode": "IMMEDIATE", "timeout": 30},
+        # A file, not :memory:, so that worker processes started by tests share it.
+        "TEST": {"NAME": str(file.with_name(f".test-{file.name}"))},
+    }
+
+
+def parse_encryption_keys(raw: str) -> list[tuple[str, bytes]]:
+    """Parse 'id:base64key,id2:base64key2'; the first key is the primary."""
+    keys: list[tuple[str, bytes]] = []
+    for entry in raw.split(","):
+        entry = entry.strip()
+        if not entry:
+            continue
+        key_id, sep, encoded = entry.partition(":")
+        if not sep or not _KEY_ID.match(key_id):
+            raise ImproperlyConfigured(
+                "APPROVALS_ENCRYPTION_KEYS must be 'keyid:base64key[,keyid:base64key]' "
+                "with key ids of letters, digits, '.', '_' or '-'"
+            )
+        try:
+            key = base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4))
+        except (binascii.Error, ValueError):
+            raise ImproperlyConfigured(
+                f"APPROVALS_ENCRYPTION_KEYS: key {key_id!r} is not valid base64"
+            ) from None
+        if len(key) != 32:
+            raise ImproperlyConfigured(
+                f"APPROVALS_ENCRYPTION_KEYS: key {key_id!r} is {len(key)} bytes, AES-256 needs 32"
+            )
+        if any(existing == key_id for existing, _ in keys):
+            raise ImproperlyConfigured(f"APPROVALS_ENCRYPTION_KEYS: key id {key_id!r} repeats")
+        keys.append((key_id, key))
+    if not keys:
+        raise ImproperlyConfigured("APPROVALS_ENCRYPTION_KEYS holds no key")
+    return keys
+
+
+def new_encryption_key() -> str:
+    return base64.urlsafe_b64encode(secrets.token_bytes(32)).decode().rstrip("=")
+
+
+def load_dev_secrets(path: Path) -> dict[str, str]:
+    """Read, or create with a warning, the git-ignored file of development secrets."""
+    if not path.exists():
+        values = {
+            "DJANGO_SECRET_KEY": secrets.token_urlsafe(50),
+            "APPROVALS_ENCRYPTION_KEYS": f"dev1:{new_encryption_key()}",
+        }
+        path.write_text("".join(f"{k}={v}\n" for k, v in values.items()))
+        path.chmod(0o600)
+        print(
+            f"WARNING: generated development secrets in {path.name} (git-ignored). "
+            "Set DJANGO_SECRET_KEY and APPROVALS_ENCRYPTION_KEYS for any real deployment.",
+            file=sys.stderr,
+        )
+    values = {}
+    for line in path.read_text().splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            values[key.strip()] = value.strip()
+    return values

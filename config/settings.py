@@ -1,0 +1,187 @@
+"""Settings, read from the environment.
+
+APPROVALS_ENV=production refuses to start without real secrets; development (the default)
+generates them into a git-ignored file on first run.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from pathlib import Path
+
+from django.core.exceptions import ImproperlyConfigured
+
+from config.env import (
+    database_from_url,
+    env_bool,
+    env_int,
+    env_list,
+    env_str,
+    load_dev_secrets,
+    parse_encryption_keys,
+    sqlite_database,
+)
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+APPROVALS_ENV = env_str("APPROVALS_ENV", "development")
+if APPROVALS_ENV not in {"development", "production"}:
+    raise ImproperlyConfigured(
+        f"APPROVALS_ENV={APPROVALS_ENV!r} must be 'development' or 'production'"
+    )
+PRODUCTION = APPROVALS_ENV == "production"
+
+if PRODUCTION:
+    for required in ("DJANGO_SECRET_KEY", "APPROVALS_ENCRYPTION_KEYS", "DJANGO_ALLOWED_HOSTS"):
+        if not os.environ.get(required):
+            raise ImproperlyConfigured(f"{required} must be set when APPROVALS_ENV=production")
+    _dev_secrets: dict[str, str] = {}
+else:
+    _dev_secrets = (
+        {}
+        if os.environ.get("DJANGO_SECRET_KEY") and os.environ.get("APPROVALS_ENCRYPTION_KEYS")
+        else load_dev_secrets(BASE_DIR / ".dev-keys.env")
+    )
+
+SECRET_KEY = env_str("DJANGO_SECRET_KEY") or _dev_secrets["DJANGO_SECRET_KEY"]
+DEBUG = env_bool("DJANGO_DEBUG", default=not PRODUCTION)
+ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]", "testserver"])
+CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django_htmx",
+    "template_partials",
+    "channels",
+    "django_tasks",
+    "django_tasks_db",
+    "approvals",
+    "sessions_admin",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+]
+
+ROOT_URLCONF = "config.urls"
+ASGI_APPLICATION = "config.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+_database_url = env_str("DATABASE_URL")
+DATABASES = {
+    "default": database_from_url(_database_url, base_dir=BASE_DIR)
+    if _database_url
+    else sqlite_database(BASE_DIR / "db.sqlite3")
+}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+REDIS_URL = env_str("REDIS_URL")
+CHANNEL_LAYERS = {
+    "default": {
+        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "CONFIG": {"hosts": [REDIS_URL]},
+    }
+    if REDIS_URL
+    else {"BACKEND": "channels.layers.InMemoryChannelLayer"}
+}
+
+TASKS = {
+    "default": {
+        "BACKEND": "django_tasks_db.DatabaseBackend",
+        "QUEUES": ["default"],
+    }
+}
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = BASE_DIR / "var" / "static"
+
+LOGIN_URL = "/admin/login/"
+
+SESSION_COOKIE_SECURE = PRODUCTION
+CSRF_COOKIE_SECURE = PRODUCTION
+SESSION_COOKIE_HTTPONLY = True
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+X_FRAME_OPTIONS = "DENY"
+if PRODUCTION:
+    SECURE_SSL_REDIRECT = env_bool("DJANGO_SECURE_SSL_REDIRECT", default=True)
+    SECURE_HSTS_SECONDS = env_int("DJANGO_HSTS_SECONDS", 31536000)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = True
+    SECURE_HSTS_PRELOAD = True
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
+    "loggers": {"openai.agents": {"level": "WARNING"}},
+}
+
+# --- The approval console -------------------------------------------------------------------
+
+APPROVALS_ENCRYPTION_KEYS = parse_encryption_keys(
+    env_str("APPROVALS_ENCRYPTION_KEYS") or _dev_secrets["APPROVALS_ENCRYPTION_KEYS"]
+)
+
+# agent key -> version -> dotted path of a factory (no required arguments) that builds the
+# top-level agent. A version, once deployed, keeps its tool names, schemas and handoffs.
+APPROVALS_AGENTS: dict[str, dict[str, str]] = {
+    "release": {"1": "approvals.demo.build_release_agent"},
+    "invoice": {"1": "approvals.demo.build_invoice_agent"},
+}
+
+APPROVALS_TICKET_TTL = timedelta(seconds=env_int("APPROVALS_TICKET_TTL_SECONDS", 86400, minimum=60))
+APPROVALS_LEASE_SECONDS = env_int("APPROVALS_LEASE_SECONDS", 60, minimum=2)
+APPROVALS_REAPER_INTERVAL_SECONDS = env_int("APPROVALS_REAPER_INTERVAL_SECONDS", 10, minimum=1)
+APPROVALS_RESUME_GRACE_SECONDS = env_int("APPROVALS_RESUME_GRACE_SECONDS", 300)
+APPROVALS_MAX_ATTEMPTS = env_int("APPROVALS_MAX_ATTEMPTS", 5, minimum=1)
+APPROVALS_SQLITE_SESSION_DIR = BASE_DIR / "var" / "sessions"
+APPROVALS_DEMO_EFFECT_LOG = Path(
+    env_str("APPROVALS_DEMO_EFFECT_LOG", str(BASE_DIR / "var" / "demo-effects.log"))
+)
+
+OPENAI_API_KEY = env_str("OPENAI_API_KEY")
+APPROVALS_OPENAI_MODEL = env_str("APPROVALS_OPENAI_MODEL", "gpt-4.1-mini")

@@ -1,0 +1,122 @@
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from django.conf import settings as django_settings
+from django.db import connection
+
+from approvals import guard
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def _no_real_model(settings, monkeypatch):
+    """Tests never reach a real model: no key, and any OpenAI model call fails loudly."""
+    settings.OPENAI_API_KEY = ""
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    from agents.models import openai_chatcompletions, openai_responses
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a test tried to call a real OpenAI model")
+
+    monkeypatch.setattr(openai_responses.OpenAIResponsesModel, "get_response", refuse)
+    monkeypatch.setattr(openai_chatcompletions.OpenAIChatCompletionsModel, "get_response", refuse)
+
+
+@pytest.fixture(autouse=True)
+def effect_log(tmp_path, settings, monkeypatch) -> Path:
+    """Where the demo tools record each real side effect, per test and for its subprocesses."""
+    path = tmp_path / "effects.log"
+    settings.APPROVALS_DEMO_EFFECT_LOG = path
+    monkeypatch.setenv("APPROVALS_DEMO_EFFECT_LOG", str(path))
+    return path
+
+
+@pytest.fixture(autouse=True)
+def _audit_guard(request):
+    """Keep the append-only triggers in place, except while the test database is flushed.
+
+    A transactional test ends with a flush, which on SQLite is DELETE (refused by the trigger);
+    this fixture is set up after the database fixture, so its teardown runs first and lifts
+    the guard for that flush only.
+    """
+    marker = request.node.get_closest_marker("django_db")
+    names = request.fixturenames
+    transactional = (
+        "transactional_db" in names
+        or "live_server" in names
+        or bool(marker and (marker.kwargs.get("transaction") or (marker.args and marker.args[0])))
+    )
+    if transactional:
+        request.getfixturevalue("_django_db_helper" if marker else "transactional_db")
+    elif marker or "db" in names:
+        request.getfixturevalue("_django_db_helper" if marker else "db")
+    else:
+        yield
+        return
+    guard.install(connection)
+    yield
+    if transactional:
+        guard.remove(connection)
+
+
+def database_url() -> str:
+    """The URL of the test database, for worker processes started by a test."""
+    params = connection.settings_dict
+    if connection.vendor == "sqlite":
+        return f"sqlite:///{Path(params['NAME']).resolve()}"
+    auth = params["USER"] + (f":{params['PASSWORD']}" if params["PASSWORD"] else "")
+    return f"postgres://{auth}@{params['HOST'] or '127.0.0.1'}:{params['PORT'] or 5432}/{params['NAME']}"
+
+
+def subprocess_env(**extra: str) -> dict[str, str]:
+    keys = ",".join(
+        f"{key_id}:{__import__('base64').urlsafe_b64encode(key).decode()}"
+        for key_id, key in django_settings.APPROVALS_ENCRYPTION_KEYS
+    )
+    env = {
+        **os.environ,
+        "DATABASE_URL": database_url(),
+        "DJANGO_SECRET_KEY": django_settings.SECRET_KEY,
+        "APPROVALS_ENCRYPTION_KEYS": keys,
+        "APPROVALS_DEMO_EFFECT_LOG": str(django_settings.APPROVALS_DEMO_EFFECT_LOG),
+        "PYTHONUNBUFFERED": "1",
+    }
+    env.pop("OPENAI_API_KEY", None)
+    env.update(extra)
+    return env
+
+
+def manage(*args: str, env: dict[str, str] | None = None, **popen) -> subprocess.Popen:
+    """Start `manage.py ARGS` as a separate process against the test database."""
+    return subprocess.Popen(
+        [sys.executable, str(ROOT / "manage.py"), *args],
+        cwd=ROOT,
+        env=env or subprocess_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **popen,
+    )
+
+
+@pytest.fixture
+def manage_process():
+    """Start manage.py subprocesses; every one is killed and reaped when the test ends."""
+    started: list[subprocess.Popen] = []
+
+    def start(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+        process = manage(*args, env=env)
+        started.append(process)
+        return process
+
+    yield start
+    for process in started:
+        if process.poll() is None:
+            process.kill()
+        process.communicate(timeout=30)

@@ -1,0 +1,67 @@
+"""Factories and small builders shared by the tests."""
+
+from __future__ import annotations
+
+import asyncio
+
+import factory
+from agents import Runner
+from django.contrib.auth import get_user_model
+
+from approvals import registry, services
+from approvals.models import Membership, Role, Run, Tenant
+
+PASSWORD = "test-pass-123"
+
+
+class TenantFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = Tenant
+        django_get_or_create = ("slug",)
+
+    slug = factory.Sequence(lambda n: f"tenant{n}")
+    name = factory.LazyAttribute(lambda o: o.slug.title())
+
+
+class UserFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = get_user_model()
+        django_get_or_create = ("username",)
+        skip_postgeneration_save = True
+
+    username = factory.Sequence(lambda n: f"user{n}")
+    password = factory.django.Password(PASSWORD)
+
+
+def member(tenant: Tenant, role: str = Role.APPROVER, username: str | None = None):
+    user = UserFactory(**({"username": username} if username else {}))
+    Membership.objects.update_or_create(user=user, tenant=tenant, defaults={"role": role})
+    return user
+
+
+def run_agent(agent_key: str, prompt: str, *, context=None, session=None, agent=None):
+    """Run a registered agent in-process until it finishes or pauses."""
+    agent = agent or registry.get_spec(agent_key, "1").build()
+    return asyncio.run(
+        Runner.run(agent, prompt, context=context if context is not None else {}, session=session)
+    )
+
+
+def paused_run(
+    tenant: Tenant,
+    *,
+    agent_key: str = "release",
+    prompt: str = "Deploy release 2026.07.24 to production",
+    requested_by=None,
+    context=None,
+    session=None,
+) -> Run:
+    result = run_agent(agent_key, prompt, context=context, session=session)
+    return services.pause_run(
+        result,
+        tenant=tenant,
+        agent_key=agent_key,
+        agent_version="1",
+        requested_by=requested_by,
+        session=session,
+    )

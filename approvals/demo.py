@@ -52,12 +52,28 @@ def read_effects(operation: str | None = None) -> list[dict]:
 # --- tools --------------------------------------------------------------------------------------
 
 
+def release_context_serializer(context: dict) -> dict:
+    """What of the release agent's context may be stored: everything but the deploy token."""
+    return {key: value for key, value in context.items() if key != "deploy_token"}
+
+
+def release_context_deserializer(data: dict) -> dict:
+    """Back at resume: the deploy token comes from this process's environment, never the blob."""
+    return {**data, "deploy_token": os.environ.get("RELEASE_DEPLOY_TOKEN", "")}
+
+
 @function_tool(needs_approval=True, failure_error_function=None)
 def deploy_release(ctx: ToolContext, release: str, environment: str) -> str:
     """Deploy a release to an environment (staging or production)."""
+    context = ctx.context if isinstance(ctx.context, dict) else {}
 
     def effect() -> str:
-        record_effect(op="deploy_release", release=release, environment=environment)
+        record_effect(
+            op="deploy_release",
+            release=release,
+            environment=environment,
+            authenticated=bool(context.get("deploy_token")),
+        )
         return f"Release {release} is live on {environment}."
 
     return ledger.perform(

@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -113,10 +114,23 @@ def _binding(run: Run, generation: int) -> dict[str, object]:
     return {"tenant": run.tenant_id, "run": run.pk, "generation": generation}
 
 
-def serialize_state(state: RunState, *, context_serializer=None) -> tuple[dict, bytes]:
-    """The state as JSON, refusing contexts that cannot be stored safely."""
+def serialize_state(
+    state: RunState, *, context: Any, context_serializer=None
+) -> tuple[dict, bytes]:
+    """The state as JSON, refusing contexts that cannot be stored safely.
+
+    The SDK stores a mapping context as it is and only consults a context_serializer for other
+    types; here the serializer applies to mappings too, so that runtime dependencies (clients,
+    tokens) can be left out of any context and put back by the deserializer at resume.
+    """
     try:
         state_json = state.to_json(context_serializer=context_serializer, strict_context=True)
+        if context_serializer is not None and isinstance(context, Mapping):
+            serialized = context_serializer(context)
+            if not isinstance(serialized, Mapping):
+                raise TypeError("the context_serializer must return a mapping")
+            state_json["context"]["context"] = dict(serialized)
+            state_json["context"]["context_meta"]["serialized_via"] = "context_serializer"
         payload = json.dumps(state_json, ensure_ascii=False, allow_nan=False).encode()
     except (UserError, TypeError, ValueError) as error:
         raise ContextNotSerializableError(
@@ -228,7 +242,9 @@ def pause_run(
         raise NoInterruptionsError("the run is not waiting for any approval; nothing to store")
     spec = registry.get_spec(agent_key, str(agent_version))
     state_json, payload = serialize_state(
-        result.to_state(), context_serializer=context_serializer or spec.context_serializer
+        result.to_state(),
+        context=result.context_wrapper.context,
+        context_serializer=context_serializer or spec.context_serializer,
     )
     ref = describe(session)
     now = timezone.now()
@@ -571,7 +587,11 @@ def _finish(
 
 
 def _store_new_pause(run: Run, result, spec: registry.AgentSpec) -> bool:
-    _, payload = serialize_state(result.to_state(), context_serializer=spec.context_serializer)
+    _, payload = serialize_state(
+        result.to_state(),
+        context=result.context_wrapper.context,
+        context_serializer=spec.context_serializer,
+    )
     now = timezone.now()
     with transaction.atomic():
         locked = _owned(run).select_for_update().first()

@@ -168,8 +168,14 @@ APPROVALS_ENCRYPTION_KEYS = parse_encryption_keys(
 
 # agent key -> version -> dotted path of a factory (no required arguments) that builds the
 # top-level agent. A version, once deployed, keeps its tool names, schemas and handoffs.
-APPROVALS_AGENTS: dict[str, dict[str, str]] = {
-    "release": {"1": "approvals.demo.build_release_agent"},
+APPROVALS_AGENTS: dict[str, dict[str, str | dict[str, str]]] = {
+    "release": {
+        "1": {
+            "factory": "approvals.demo.build_release_agent",
+            "context_serializer": "approvals.demo.release_context_serializer",
+            "context_deserializer": "approvals.demo.release_context_deserializer",
+        }
+    },
     "invoice": {"1": "approvals.demo.build_invoice_agent"},
 }
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 
 from agents import Runner
 from agents.memory import SQLiteSession
@@ -68,9 +69,13 @@ class Command(BaseCommand):
             session = SQLiteSession(f"demo-{slug}-{index}", session_dir / "demo.sqlite3")
             try:
                 agent = registry.get_spec(agent_key, "1").build()
-                result = asyncio.run(
-                    Runner.run(agent, prompt, context={"tenant": slug}, session=session)
-                )
+                # The deploy token is a runtime dependency: the release agent's context
+                # serializer leaves it out of the stored state, its deserializer restores it.
+                context = {
+                    "tenant": slug,
+                    "deploy_token": os.environ.get("RELEASE_DEPLOY_TOKEN", ""),
+                }
+                result = asyncio.run(Runner.run(agent, prompt, context=context, session=session))
                 services.pause_run(
                     result,
                     tenant=tenant,

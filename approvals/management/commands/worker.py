@@ -54,6 +54,7 @@ class Command(BaseCommand):
         reaper.start()
         extra = {"worker_id": worker_id} if worker_id else {}
         try:
-            call_command("db_worker", interval=interval, **extra)
+            # No autoreload: a reloaded worker would leave its task RUNNING mid-resume.
+            call_command("db_worker", interval=interval, reload=False, **extra)
         finally:
             stop.set()

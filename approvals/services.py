@@ -514,6 +514,12 @@ async def _resume_async(run: Run, tickets: list[Ticket], state_json: dict) -> An
         if ticket is None:
             raise _Refusal(f"the state asks about call {item.call_id!r}, which has no ticket")
         seen.add(ticket.tool_call_id)
+        available = {getattr(tool, "name", None) for tool in getattr(item.agent, "tools", [])}
+        if item.name not in available:
+            raise _Refusal(
+                f"{REGENERATE}: tool {item.name!r} is not available to agent "
+                f"{getattr(item.agent, 'name', '?')!r} in this version; nothing was run"
+            )
         if arguments_digest(item.arguments) != ticket.arguments_digest:
             raise _Refusal(
                 f"the arguments of ticket {ticket.pk} ({ticket.tool_name}) differ from those that "

@@ -107,6 +107,10 @@ class _Refusal(Exception):
         self.status = status
 
 
+class _Unavailable(Exception):
+    """Something the run needs is unreachable right now; nothing ran, so it can wait and retry."""
+
+
 # --- state sealing --------------------------------------------------------------------------
 
 
@@ -550,6 +554,16 @@ async def _resume_async(run: Run, tickets: list[Ticket], state_json: dict) -> An
         async with reopen(
             SessionRef(run.session_backend, run.session_id, run.session_location)
         ) as session:
+            if session is not None:
+                # Read before anything runs: an unreachable history must stop the resume
+                # before an approved tool executes, not after.
+                try:
+                    await session.get_items(limit=1)
+                except Exception as error:
+                    raise _Unavailable(
+                        f"the conversation session ({run.session_backend}) cannot be read: "
+                        f"{_safe_reason(error)}"
+                    ) from None
             return await Runner.run(agent, state, session=session)
     finally:
         stop.set()
@@ -590,6 +604,29 @@ def _finish(
         )
         live.notify_on_commit(run.tenant_id, "run.changed", run=run.pk, status=status)
     return True
+
+
+def _release(run: Run, *, reason: str) -> bool:
+    """Give the run back to the queue untouched; the reaper re-enqueues it after a lease."""
+    with transaction.atomic():
+        released = _owned(run).update(
+            status=RunStatus.QUEUED,
+            status_reason=reason,
+            lease_owner="",
+            lease_expires_at=None,
+            updated_at=timezone.now(),
+        )
+        if released:
+            audit.append(
+                tenant_id=run.tenant_id,
+                action="run.retry_later",
+                actor_name=f"worker {run.lease_owner}",
+                run_id=run.pk,
+                outcome=RunStatus.QUEUED,
+                detail={"reason": reason},
+            )
+            live.notify_on_commit(run.tenant_id, "run.changed", run=run.pk, status=RunStatus.QUEUED)
+    return bool(released)
 
 
 def _store_new_pause(run: Run, result, spec: registry.AgentSpec) -> bool:
@@ -679,6 +716,10 @@ def resume(*, run_id: int, worker_id: str | None = None) -> ResumeOutcome:
         spec = registry.get_spec(run.agent_key, run.agent_version)
         with ledger.resume_scope(scope):
             result = asyncio.run(_resume_async(run, tickets, state_json))
+    except _Unavailable as unavailable:
+        reason = f"{unavailable}; will try again"
+        _release(run, reason=reason)
+        return ResumeOutcome(run.pk, RunStatus.QUEUED, reason, scope.effects)
     except _Refusal as refusal:
         _finish(run, status=refusal.status, reason=refusal.reason, action="run.refused")
         return ResumeOutcome(run.pk, refusal.status, refusal.reason, scope.effects)

@@ -135,7 +135,7 @@ def test_resume_continues_a_redis_session_read_back_by_another_process(settings)
     asyncio.run(cleanup())
 
 
-def test_resume_with_an_unreachable_session_backend_fails_instead_of_starting_empty(settings):
+def test_resume_with_an_unreachable_session_waits_instead_of_starting_empty(settings):
     settings.REDIS_URL = REDIS_TEST_URL
     prefix = f"test-approvals:{uuid.uuid4().hex}"
     tenant = TenantFactory(slug="acme")
@@ -145,9 +145,15 @@ def test_resume_with_an_unreachable_session_backend_fails_instead_of_starting_em
     outcome = _approve_and_resume(run)
 
     run.refresh_from_db()
-    assert outcome.status == RunStatus.FAILED
-    assert run.status == RunStatus.FAILED
-    assert "onnect" in run.status_reason
-    assert run.final_output == ""
-    # The history could not be read, so the run did not go on as if it were empty.
+    assert outcome.status == RunStatus.QUEUED
+    assert run.status == RunStatus.QUEUED
+    assert "cannot be read" in run.status_reason
+    assert "Connect call failed" in run.status_reason
+    # The history could not be read, so nothing ran as if it were empty.
     assert demo.read_effects() == []
+
+    settings.REDIS_URL = REDIS_TEST_URL
+    retried = services.resume(run_id=run.pk, worker_id="test-worker")
+
+    assert retried.status == RunStatus.COMPLETED
+    assert len(demo.read_effects()) == 1

@@ -16,7 +16,6 @@ _SECRET_WORDS = frozenset(
         "apikey",
         "authorization",
         "credential",
-        "credentials",
         "cookie",
         "bearer",
         "pwd",
@@ -53,8 +52,43 @@ _VALUE_SHAPES = [
 ]
 
 
+# Names that describe a secret rather than hold one (token_count, password_policy, max_tokens).
+_DESCRIBING_WORDS = frozenset(
+    {
+        "count",
+        "usage",
+        "limit",
+        "max",
+        "min",
+        "total",
+        "budget",
+        "len",
+        "length",
+        "num",
+        "type",
+        "kind",
+        "ttl",
+        "expiry",
+        "expires",
+        "expiration",
+        "policy",
+        "hint",
+        "input",
+        "output",
+        "reasoning",
+        "cached",
+    }
+)
+
+
+def _singular(word: str) -> str:
+    return word[:-1] if len(word) > 3 and word.endswith("s") else word
+
+
 def is_secret_key(name: str) -> bool:
-    words = [w.lower() for w in _SPLIT.split(name) if w]
+    words = [_singular(w.lower()) for w in _SPLIT.split(name) if w]
+    if any(word in _DESCRIBING_WORDS for word in words):
+        return False
     if any(word in _SECRET_WORDS for word in words):
         return True
     return any(pair in _SECRET_PAIRS for pair in zip(words, words[1:], strict=False))

@@ -1,0 +1,242 @@
+"""Management commands: seed_demo, decide and rotate_keys, called in-process."""
+
+from __future__ import annotations
+
+import os
+from io import StringIO
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.core.management import CommandError, call_command
+from django_tasks_db.models import DBTaskResult
+
+from approvals.models import (
+    AuditEvent,
+    Membership,
+    Run,
+    RunStatus,
+    Tenant,
+    Ticket,
+    TicketStatus,
+)
+from tests.factories import TenantFactory, member, paused_run
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def _fast_password_hasher(settings):
+    # seed_demo makes thirteen users: the default hasher would dominate the test's time.
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture
+def session_dir(tmp_path, settings):
+    """seed_demo writes SQLite sessions; keep them out of the shared var/ directory."""
+    settings.APPROVALS_SQLITE_SESSION_DIR = tmp_path / "sessions"
+    return settings.APPROVALS_SQLITE_SESSION_DIR
+
+
+@pytest.fixture
+def pending():
+    tenant = TenantFactory(slug="acme")
+    requester = member(tenant, "approver", username="ann")
+    run = paused_run(tenant, requested_by=requester)
+    return Ticket.objects.get(run=run)
+
+
+def _counts() -> dict[str, int]:
+    return {
+        "tenants": Tenant.objects.count(),
+        "users": get_user_model().objects.count(),
+        "memberships": Membership.objects.count(),
+        "paused runs": Run.objects.filter(status=RunStatus.PAUSED).count(),
+        "pending tickets": Ticket.objects.filter(status=TicketStatus.PENDING).count(),
+        "audit events": AuditEvent.objects.count(),
+    }
+
+
+# --- seed_demo ------------------------------------------------------------------------------
+
+
+def test_seed_demo_creates_tenants_users_and_paused_runs(session_dir):
+    out = StringIO()
+
+    call_command("seed_demo", stdout=out)
+
+    counts = _counts()
+    # 6 users per tenant plus the superuser; each run: run.paused + ticket.created.
+    assert counts == {
+        "tenants": 2,
+        "users": 13,
+        "memberships": 12,
+        "paused runs": 4,
+        "pending tickets": 4,
+        "audit events": 8,
+    }
+    assert out.getvalue().splitlines()[0] == "demo data ready (4 new paused runs)"
+    assert sorted(Tenant.objects.values_list("slug", flat=True)) == ["acme", "globex"]
+
+
+def test_seed_demo_twice_changes_nothing_the_second_time(session_dir):
+    call_command("seed_demo", stdout=StringIO())
+    first = _counts()
+    out = StringIO()
+
+    call_command("seed_demo", stdout=out)
+
+    assert _counts() == first
+    assert out.getvalue().splitlines()[0] == "demo data ready (0 new paused runs)"
+
+
+def test_seed_demo_requester_is_the_run_requester(session_dir):
+    call_command("seed_demo", stdout=StringIO())
+
+    requesters = set(Run.objects.values_list("tenant__slug", "requested_by__username"))
+    assert requesters == {("acme", "acme-requester"), ("globex", "globex-requester")}
+
+
+# --- decide -------------------------------------------------------------------------------
+
+
+def test_decide_approve_prints_a_line_and_queues_the_run(pending):
+    member(pending.tenant, "approver", username="bob")
+    out = StringIO()
+
+    call_command("decide", str(pending.pk), "--approve", "--user", "bob", stdout=out)
+
+    assert (
+        out.getvalue() == f"ticket {pending.pk} approved by bob; run {pending.run_id} is queued\n"
+    )
+    pending.refresh_from_db()
+    assert (pending.status, pending.decided_by.username) == (TicketStatus.APPROVED, "bob")
+    assert Run.objects.get(pk=pending.run_id).status == RunStatus.QUEUED
+    task = DBTaskResult.objects.get()
+    assert (task.task_path, task.args_kwargs) == (
+        "approvals.tasks.resume_run_task",
+        {"args": [pending.run_id], "kwargs": {}},
+    )
+
+
+def test_decide_reject_stores_the_message(pending):
+    member(pending.tenant, "approver", username="bob")
+    out = StringIO()
+
+    call_command(
+        "decide",
+        str(pending.pk),
+        "--reject",
+        "--user",
+        "bob",
+        "--message",
+        "not on a Friday",
+        stdout=out,
+    )
+
+    assert (
+        out.getvalue() == f"ticket {pending.pk} rejected by bob; run {pending.run_id} is queued\n"
+    )
+    pending.refresh_from_db()
+    assert (pending.status, pending.decision_message) == (TicketStatus.REJECTED, "not on a Friday")
+
+
+def test_decide_unknown_ticket_is_a_command_error(pending):
+    member(pending.tenant, "approver", username="bob")
+    missing = Ticket.objects.order_by("-pk").first().pk + 1000
+
+    with pytest.raises(CommandError) as excinfo:
+        call_command("decide", str(missing), "--approve", "--user", "bob", stdout=StringIO())
+
+    assert str(excinfo.value) == f"ticket {missing} does not exist"
+
+
+def test_decide_unknown_user_is_a_command_error(pending):
+    with pytest.raises(CommandError) as excinfo:
+        call_command("decide", str(pending.pk), "--approve", "--user", "ghost", stdout=StringIO())
+
+    assert str(excinfo.value) == "no user named 'ghost'"
+    assert Ticket.objects.get(pk=pending.pk).status == TicketStatus.PENDING
+
+
+def test_decide_self_approval_is_a_command_error(pending):
+    with pytest.raises(CommandError) as excinfo:
+        call_command("decide", str(pending.pk), "--approve", "--user", "ann", stdout=StringIO())
+
+    assert str(excinfo.value) == "you requested this call, so someone else must approve it"
+    assert Ticket.objects.get(pk=pending.pk).status == TicketStatus.PENDING
+
+
+def test_decide_viewer_role_is_a_command_error(pending):
+    member(pending.tenant, "viewer", username="vic")
+
+    with pytest.raises(CommandError) as excinfo:
+        call_command("decide", str(pending.pk), "--approve", "--user", "vic", stdout=StringIO())
+
+    assert str(excinfo.value) == "the viewer role cannot decide tickets"
+    assert Ticket.objects.get(pk=pending.pk).status == TicketStatus.PENDING
+
+
+def test_decide_other_tenant_user_is_told_the_ticket_does_not_exist(pending):
+    member(TenantFactory(slug="globex"), "approver", username="gus")
+
+    with pytest.raises(CommandError) as excinfo:
+        call_command("decide", str(pending.pk), "--approve", "--user", "gus", stdout=StringIO())
+
+    assert str(excinfo.value) == f"ticket {pending.pk} does not exist for gus"
+
+
+def test_decide_already_decided_names_who_decided(pending):
+    member(pending.tenant, "approver", username="bob")
+    member(pending.tenant, "approver", username="cat")
+    call_command("decide", str(pending.pk), "--approve", "--user", "bob", stdout=StringIO())
+    pending.refresh_from_db()
+
+    with pytest.raises(CommandError) as excinfo:
+        call_command("decide", str(pending.pk), "--reject", "--user", "cat", stdout=StringIO())
+
+    assert str(excinfo.value) == (
+        f"Already approved by bob at {pending.decided_at:%Y-%m-%d %H:%M:%S} UTC."
+    )
+
+
+def test_decide_without_a_choice_is_refused(pending):
+    with pytest.raises(CommandError) as excinfo:
+        call_command("decide", str(pending.pk), "--user", "ann", stdout=StringIO())
+
+    assert str(excinfo.value) == ("Error: one of the arguments --approve --reject is required")
+
+
+# --- rotate_keys ------------------------------------------------------------------------------
+
+
+def test_rotate_keys_command_prints_its_counts(settings):
+    k1, k2 = os.urandom(32), os.urandom(32)
+    settings.APPROVALS_ENCRYPTION_KEYS = [("k1", k1)]
+    tenant = TenantFactory()
+    paused_run(tenant)
+    paused_run(tenant, prompt="Deploy release 2026.07.25 to staging")
+    settings.APPROVALS_ENCRYPTION_KEYS = [("k2", k2), ("k1", k1)]
+    out = StringIO()
+
+    call_command("rotate_keys", stdout=out, stderr=StringIO())
+
+    assert out.getvalue() == (
+        "primary key k2: 2 re-encrypted, 0 already current, 0 could not be opened\n"
+    )
+    assert sorted(Run.objects.values_list("state_key_id", flat=True)) == ["k2", "k2"]
+
+
+def test_rotate_keys_command_unopenable_run_exits_1(settings):
+    settings.APPROVALS_ENCRYPTION_KEYS = [("k1", os.urandom(32))]
+    paused_run(TenantFactory())
+    settings.APPROVALS_ENCRYPTION_KEYS = [("k2", os.urandom(32))]
+    out, err = StringIO(), StringIO()
+
+    with pytest.raises(SystemExit) as excinfo:
+        call_command("rotate_keys", stdout=out, stderr=err)
+
+    assert excinfo.value.code == 1
+    assert out.getvalue() == (
+        "primary key k2: 0 re-encrypted, 0 already current, 1 could not be opened\n"
+    )
+    assert err.getvalue() == "some states could not be opened with any key in the ring\n"

@@ -1,0 +1,228 @@
+"""Settings from the environment: a bad value stops start-up with one clear line."""
+
+from __future__ import annotations
+
+import base64
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+
+from config.env import database_from_url, new_encryption_key, parse_encryption_keys
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+BASE = Path("/srv/console")
+KEY_A = base64.urlsafe_b64encode(b"a" * 32).decode()
+KEY_B = base64.urlsafe_b64encode(b"b" * 32).decode()
+# Variables the settings read; the parent's values must not leak into the subprocess.
+SETTINGS_VARIABLES = (
+    "APPROVALS_ENV",
+    "DATABASE_URL",
+    "DJANGO_SECRET_KEY",
+    "APPROVALS_ENCRYPTION_KEYS",
+    "DJANGO_ALLOWED_HOSTS",
+    "DJANGO_DEBUG",
+    "REDIS_URL",
+)
+
+
+def _manage_check(**overrides: str | None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in SETTINGS_VARIABLES}
+    # Both secrets set, so that development settings never write .dev-keys.env.
+    env.update(
+        DATABASE_URL="sqlite:///var/helper-c-settings.sqlite3",
+        DJANGO_SECRET_KEY="test-secret-key-for-settings-tests",
+        APPROVALS_ENCRYPTION_KEYS=f"k1:{KEY_A}",
+    )
+    for name, value in overrides.items():
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
+    return subprocess.run(
+        [sys.executable, "manage.py", "check"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+# --- manage.py with a bad environment -------------------------------------------------------
+
+
+def test_manage_check_good_environment_passes():
+    result = _manage_check()
+
+    assert (result.returncode, result.stderr) == (0, "")
+    assert result.stdout == "System check identified no issues (0 silenced).\n"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            {"DATABASE_URL": "mysql://x"},
+            "DATABASE_URL scheme 'mysql' is not supported (use postgres:// or sqlite:///)",
+        ),
+        (
+            {"APPROVALS_ENCRYPTION_KEYS": "k1:short"},
+            "APPROVALS_ENCRYPTION_KEYS: key 'k1' is not valid base64",
+        ),
+        (
+            {"APPROVALS_ENCRYPTION_KEYS": "k1:" + base64.urlsafe_b64encode(b"x" * 16).decode()},
+            "APPROVALS_ENCRYPTION_KEYS: key 'k1' is 16 bytes, AES-256 needs 32",
+        ),
+        (
+            {"APPROVALS_ENCRYPTION_KEYS": "bad"},
+            "APPROVALS_ENCRYPTION_KEYS must be 'keyid:base64key[,keyid:base64key]' "
+            "with key ids of letters, digits, '.', '_' or '-'",
+        ),
+        (
+            {"DJANGO_DEBUG": "maybe"},
+            "DJANGO_DEBUG='maybe' is not a boolean (use 1/0, true/false, yes/no)",
+        ),
+        (
+            {"APPROVALS_ENV": "production", "DJANGO_SECRET_KEY": None},
+            "DJANGO_SECRET_KEY must be set when APPROVALS_ENV=production",
+        ),
+        (
+            {"APPROVALS_ENV": "staging"},
+            "APPROVALS_ENV='staging' must be 'development' or 'production'",
+        ),
+    ],
+    ids=[
+        "mysql-url",
+        "key-not-base64",
+        "key-too-short",
+        "keys-without-id",
+        "debug-not-boolean",
+        "production-without-secret-key",
+        "unknown-env",
+    ],
+)
+def test_manage_check_bad_environment_exits_2_with_one_line(overrides, message):
+    result = _manage_check(**overrides)
+
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [f"configuration error: {message}"]
+    assert result.stdout == ""
+
+
+# --- database_from_url ----------------------------------------------------------------------
+
+
+def test_database_from_url_postgres_full_url():
+    url = "postgres://app:p%40ss@db.example.com:6543/approvals?sslmode=require"
+
+    assert database_from_url(url, base_dir=BASE) == {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": "approvals",
+        "USER": "app",
+        "PASSWORD": "p@ss",
+        "HOST": "db.example.com",
+        "PORT": "6543",
+        "CONN_MAX_AGE": 0,
+        "OPTIONS": {"sslmode": "require"},
+        "TEST": {"NAME": "test_approvals"},
+    }
+
+
+@pytest.mark.parametrize("scheme", ["postgres", "postgresql", "pgsql"])
+def test_database_from_url_postgres_minimal_url(scheme):
+    config = database_from_url(f"{scheme}://postgres@127.0.0.1/approvals_c", base_dir=BASE)
+
+    assert (config["ENGINE"], config["NAME"], config["USER"], config["PASSWORD"]) == (
+        "django.db.backends.postgresql",
+        "approvals_c",
+        "postgres",
+        "",
+    )
+    assert (config["HOST"], config["PORT"], config["OPTIONS"]) == ("127.0.0.1", "", {})
+
+
+def test_database_from_url_postgres_without_a_name_is_refused():
+    with pytest.raises(ImproperlyConfigured) as excinfo:
+        database_from_url("postgres://postgres@127.0.0.1:5432/", base_dir=BASE)
+
+    assert str(excinfo.value) == "DATABASE_URL names no database (postgres://user@host/NAME)"
+
+
+def test_database_from_url_sqlite_relative_path_is_under_base_dir():
+    config = database_from_url("sqlite:///var/console.sqlite3", base_dir=BASE)
+
+    assert config == {
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": "/srv/console/var/console.sqlite3",
+        "OPTIONS": {"transaction_mode": "IMMEDIATE", "timeout": 30},
+        "TEST": {"NAME": "/srv/console/var/.test-console.sqlite3"},
+    }
+
+
+def test_database_from_url_sqlite_absolute_path_is_kept():
+    config = database_from_url("sqlite:////tmp/approvals/db.sqlite3", base_dir=BASE)
+
+    assert (config["NAME"], config["TEST"]["NAME"]) == (
+        "/tmp/approvals/db.sqlite3",
+        "/tmp/approvals/.test-db.sqlite3",
+    )
+
+
+def test_database_from_url_sqlite_without_a_path_is_refused():
+    with pytest.raises(ImproperlyConfigured) as excinfo:
+        database_from_url("sqlite:///", base_dir=BASE)
+
+    assert str(excinfo.value) == "DATABASE_URL names no SQLite file (sqlite:///path.db)"
+
+
+def test_database_from_url_other_scheme_is_refused():
+    with pytest.raises(ImproperlyConfigured) as excinfo:
+        database_from_url("mysql://root@localhost/app", base_dir=BASE)
+
+    assert str(excinfo.value) == (
+        "DATABASE_URL scheme 'mysql' is not supported (use postgres:// or sqlite:///)"
+    )
+
+
+# --- parse_encryption_keys ------------------------------------------------------------------
+
+
+def test_parse_encryption_keys_first_key_is_primary():
+    keys = parse_encryption_keys(f"k2:{KEY_B}, k1:{KEY_A}")
+
+    assert keys == [("k2", b"b" * 32), ("k1", b"a" * 32)]
+
+
+def test_parse_encryption_keys_accepts_keys_without_padding():
+    encoded = new_encryption_key()
+
+    keys = parse_encryption_keys(f"dev1:{encoded}")
+
+    assert encoded.endswith("=") is False
+    assert [(key_id, len(key)) for key_id, key in keys] == [("dev1", 32)]
+
+
+def test_parse_encryption_keys_duplicate_id_is_refused():
+    with pytest.raises(ImproperlyConfigured) as excinfo:
+        parse_encryption_keys(f"k1:{KEY_A},k1:{KEY_B}")
+
+    assert str(excinfo.value) == "APPROVALS_ENCRYPTION_KEYS: key id 'k1' repeats"
+
+
+@pytest.mark.parametrize("raw", ["", " , ,"])
+def test_parse_encryption_keys_empty_is_refused(raw):
+    with pytest.raises(ImproperlyConfigured) as excinfo:
+        parse_encryption_keys(raw)
+
+    assert str(excinfo.value) == "APPROVALS_ENCRYPTION_KEYS holds no key"
+
+
+def test_parse_encryption_keys_bad_key_id_is_refused():
+    with pytest.raises(ImproperlyConfigured) as excinfo:
+        parse_encryption_keys(f"key one:{KEY_A}")
+
+    assert str(excinfo.value).startswith("APPROVALS_ENCRYPTION_KEYS must be 'keyid:base64key")

@@ -18,7 +18,7 @@ from asgiref.sync import sync_to_async
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
-from approvals import faults
+from approvals import audit, faults
 from approvals.canonical import canonical_json, sha256_hex
 from approvals.models import IdempotencyRecord, LedgerStatus
 
@@ -126,9 +126,20 @@ def perform(
             )
             raise
         faults.point("after_effect")
-        IdempotencyRecord.objects.filter(pk=record.pk).update(
-            status=LedgerStatus.DONE, result=result, completed_at=timezone.now()
-        )
+        with transaction.atomic():
+            IdempotencyRecord.objects.filter(pk=record.pk).update(
+                status=LedgerStatus.DONE, result=result, completed_at=timezone.now()
+            )
+            audit.append(
+                tenant_id=scope.tenant_id,
+                action="effect.done",
+                actor_name=f"worker {scope.attempt}",
+                run_id=scope.run_id,
+                ticket_id=ticket_id,
+                tool_name=operation,
+                outcome=LedgerStatus.DONE,
+                detail={"resource": resource[:200]},
+            )
         with scope.lock:
             scope.effects.append(record.pk)
         return result

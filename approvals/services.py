@@ -23,7 +23,7 @@ from agents.exceptions import UserError
 from agents.run_state import CURRENT_SCHEMA_VERSION, SUPPORTED_SCHEMA_VERSIONS
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
@@ -31,7 +31,10 @@ from approvals import audit, crypto, faults, ledger, live, registry
 from approvals.agent_sessions import SessionRef, describe, reopen
 from approvals.canonical import arguments_digest, canonical_arguments
 from approvals.models import (
+    IdempotencyRecord,
+    LedgerStatus,
     Membership,
+    Role,
     Run,
     RunStatus,
     Tenant,
@@ -740,9 +743,10 @@ def resume(*, run_id: int, worker_id: str | None = None) -> ResumeOutcome:
     if result.interruptions:
         try:
             stored = _store_new_pause(run, result, spec)
-        except PauseError as error:
-            _finish(run, status=RunStatus.FAILED, reason=str(error), action="run.failed")
-            return ResumeOutcome(run.pk, RunStatus.FAILED, str(error), scope.effects)
+        except (PauseError, IntegrityError) as error:
+            reason = _safe_reason(error) if isinstance(error, IntegrityError) else str(error)
+            _finish(run, status=RunStatus.FAILED, reason=reason, action="run.failed")
+            return ResumeOutcome(run.pk, RunStatus.FAILED, reason, scope.effects)
         status = RunStatus.PAUSED
     else:
         output = result.final_output
@@ -853,6 +857,114 @@ def reap(*, now=None) -> ReapReport:
                 report.expired_runs.append(run.pk)
             live.notify_on_commit(run.tenant_id, "run.changed", run=run.pk, status=run.status)
     return report
+
+
+# --- people resolving what the worker could not -------------------------------------------
+
+
+class ResolutionError(Exception):
+    pass
+
+
+def in_doubt_effects(run: Run) -> list[IdempotencyRecord]:
+    return list(
+        IdempotencyRecord.objects.filter(
+            run=run, status__in=[LedgerStatus.CLAIMED, LedgerStatus.FAILED]
+        ).order_by("pk")
+    )
+
+
+def resolve(run: Run, *, user, resolution: str, note: str = "") -> Run:
+    """An admin settles a run that needs attention.
+
+    "happened": the in-doubt effects are recorded as done (the tool will not run them again)
+    and the run is queued to finish; "retry": the in-doubt claims are released so the effects
+    run again, and the run is queued; "abandon": the run ends as failed.
+    Side effects, in one transaction: ledger rows, the run's status, a resume task when queued,
+    audit event run.resolved; after commit, live hints. Raises ResolutionError, writing nothing.
+    """
+    from approvals.tasks import resume_run_task
+
+    membership = membership_for(user, run.tenant_id)
+    if membership is None or membership.role != Role.ADMIN:
+        raise ResolutionError("only an admin of this tenant can resolve a run")
+    note = (note or "").strip()[:1000]
+    with transaction.atomic():
+        locked = Run.objects.select_for_update().get(pk=run.pk)
+        if locked.status != RunStatus.NEEDS_ATTENTION:
+            raise ResolutionError(f"the run is {locked.get_status_display().lower()}, not waiting for a person")
+        doubtful = in_doubt_effects(locked)
+        if resolution in {"happened", "retry"} and not doubtful:
+            raise ResolutionError("no effect of this run is in doubt; it can only be stopped")
+        now = timezone.now()
+        if resolution == "happened":
+            for record in doubtful:
+                IdempotencyRecord.objects.filter(pk=record.pk).update(
+                    status=LedgerStatus.DONE,
+                    result=f"Confirmed as done by {user.get_username()}." + (f" {note}" if note else ""),
+                    completed_at=now,
+                )
+        elif resolution == "retry":
+            IdempotencyRecord.objects.filter(pk__in=[r.pk for r in doubtful]).delete()
+        elif resolution != "abandon":
+            raise ResolutionError(f"unknown resolution {resolution!r}")
+        if resolution == "abandon":
+            locked.status = RunStatus.FAILED
+            locked.status_reason = f"Stopped by {user.get_username()}." + (f" {note}" if note else "")
+            locked.finished_at = now
+        else:
+            locked.status = RunStatus.QUEUED
+            locked.status_reason = ""
+            locked.attempts = 0
+            resume_run_task.enqueue(locked.pk)
+        locked.updated_at = now
+        locked.save(update_fields=["status", "status_reason", "finished_at", "attempts", "updated_at"])
+        audit.append(
+            tenant_id=locked.tenant_id,
+            action="run.resolved",
+            actor=user,
+            run_id=locked.pk,
+            outcome=locked.status,
+            detail={
+                "resolution": resolution,
+                "effects": [f"{r.operation} {r.resource}" for r in doubtful],
+                **({"note": note} if note else {}),
+            },
+        )
+        live.notify_on_commit(locked.tenant_id, "run.changed", run=locked.pk, status=locked.status)
+    return locked
+
+
+def record_sign_in_failure(*, username: str, locked_out: bool) -> None:
+    """Failed and locked-out sign-ins go into the audit chain of each tenant the name belongs to.
+
+    Side effects: one audit event per tenant of the user named (none for unknown names, which
+    would otherwise let anyone fill the log).
+    """
+    tenant_ids = list(
+        Membership.objects.filter(user__username=username).values_list("tenant_id", flat=True)
+    )
+    for tenant_id in tenant_ids:
+        with transaction.atomic():
+            audit.append(
+                tenant_id=tenant_id,
+                action="auth.locked_out" if locked_out else "auth.sign_in_failed",
+                actor_name=username[:150],
+                outcome="locked_out" if locked_out else "failed",
+            )
+
+
+def record_export(*, user, tenant_ids: list[int], fmt: str, filters: dict) -> None:
+    """An export of the audit history is itself audited, once per tenant it covers."""
+    for tenant_id in tenant_ids:
+        with transaction.atomic():
+            audit.append(
+                tenant_id=tenant_id,
+                action="audit.exported",
+                actor=user,
+                outcome="exported",
+                detail={"format": fmt, "filters": {k: str(v) for k, v in filters.items() if v}},
+            )
 
 
 # --- keys -------------------------------------------------------------------------------------

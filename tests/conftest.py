@@ -29,6 +29,12 @@ def _no_real_model(settings, monkeypatch):
 
 
 @pytest.fixture(autouse=True)
+def _fast_passwords(settings):
+    """Test users are made by the dozen; the production hasher would cost a second each."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture(autouse=True)
 def effect_log(tmp_path, settings, monkeypatch) -> Path:
     """Where the demo tools record each real side effect, per test and for its subprocesses."""
     path = tmp_path / "effects.log"

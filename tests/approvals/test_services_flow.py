@@ -44,5 +44,6 @@ def test_pause_run_approve_then_resume_runs_the_tool_once(effect_log):
         "ticket.approved",
         "run.queued",
         "run.resuming",
+        "effect.done",
         "run.completed",
     ]

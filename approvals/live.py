@@ -1,27 +1,48 @@
 """Live hints to the console's pages. A hint says what changed; the page re-reads the database.
 
-Sent after commit only, and never allowed to break the write that caused it.
+Two deliveries, one per deployment mode:
+- with a shared channel layer (Redis), whoever commits a change sends the hint, after commit;
+- with the default in-memory layer, which cannot cross processes, each web process tails the
+  audit log (every change writes an audit event in its own transaction) and hints its own
+  sockets. A hint that is lost costs at most a poll interval, never a wrong page.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
 from asgiref.sync import async_to_sync
-from channels.layers import get_channel_layer
+from channels.db import database_sync_to_async
+from channels.layers import InMemoryChannelLayer, get_channel_layer
+from django.conf import settings
 from django.db import transaction
 
 logger = logging.getLogger(__name__)
+
+KINDS = {
+    "ticket.created": "ticket.created",
+    "ticket.approved": "ticket.decided",
+    "ticket.rejected": "ticket.decided",
+    "ticket.expired": "ticket.decided",
+}
 
 
 def tenant_group(tenant_id: int) -> str:
     return f"tenant.{tenant_id}"
 
 
+def _shared_layer():
+    layer = get_channel_layer()
+    if layer is None or isinstance(layer, InMemoryChannelLayer):
+        return None
+    return layer
+
+
 def _send(tenant_id: int, message: dict[str, Any]) -> None:
     try:
-        layer = get_channel_layer()
+        layer = _shared_layer()
         if layer is not None:
             async_to_sync(layer.group_send)(tenant_group(tenant_id), message)
     except Exception:
@@ -32,3 +53,73 @@ def _send(tenant_id: int, message: dict[str, Any]) -> None:
 def notify_on_commit(tenant_id: int, kind: str, **data: Any) -> None:
     message = {"type": "console.event", "kind": kind, **data}
     transaction.on_commit(lambda: _send(tenant_id, message))
+
+
+def hint_for(event) -> dict[str, Any]:
+    kind = KINDS.get(
+        event.action,
+        "run.changed" if event.action.startswith(("run.", "effect.")) else event.action,
+    )
+    return {
+        "type": "console.event",
+        "kind": kind,
+        "run": event.run_id,
+        "ticket": event.ticket_id,
+        "status": event.outcome,
+    }
+
+
+class AuditTail:
+    """One per web process: new audit events become hints for this process's sockets."""
+
+    def __init__(self) -> None:
+        self.subscribers = 0
+        self.task: asyncio.Task | None = None
+
+    @staticmethod
+    def _latest_id() -> int:
+        from approvals.models import AuditEvent
+
+        return AuditEvent.objects.order_by("-id").values_list("id", flat=True).first() or 0
+
+    @staticmethod
+    def _events_after(last_id: int) -> list:
+        from approvals.models import AuditEvent
+
+        return list(
+            AuditEvent.objects.filter(id__gt=last_id)
+            .only("id", "tenant_id", "action", "run_id", "ticket_id", "outcome")
+            .order_by("id")[:500]
+        )
+
+    async def subscribe(self) -> None:
+        self.subscribers += 1
+        if self.task is None or self.task.done():
+            last_id = await database_sync_to_async(self._latest_id)()
+            self.task = asyncio.create_task(self._run(last_id))
+
+    async def unsubscribe(self) -> None:
+        self.subscribers = max(self.subscribers - 1, 0)
+        if not self.subscribers and self.task is not None:
+            self.task.cancel()
+            self.task = None
+
+    async def _run(self, last_id: int) -> None:
+        layer = get_channel_layer()
+        interval = settings.APPROVALS_LIVE_POLL_SECONDS
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                events = await database_sync_to_async(self._events_after)(last_id)
+                for event in events:
+                    await layer.group_send(tenant_group(event.tenant_id), hint_for(event))
+                    last_id = event.id
+            except Exception:
+                logger.warning("live tail: reading the audit log failed; retrying", exc_info=True)
+
+
+audit_tail = AuditTail()
+
+
+def tail_needed() -> bool:
+    return isinstance(get_channel_layer(), InMemoryChannelLayer)

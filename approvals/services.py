@@ -855,7 +855,12 @@ def reap(*, now=None) -> ReapReport:
                     outcome=RunStatus.EXPIRED,
                 )
                 report.expired_runs.append(run.pk)
-            live.notify_on_commit(run.tenant_id, "run.changed", run=run.pk, status=run.status)
+            live.notify_on_commit(
+                run.tenant_id,
+                "run.changed",
+                run=run.pk,
+                status=RunStatus.EXPIRED if run.pk in report.expired_runs else run.status,
+            )
     return report
 
 
@@ -892,7 +897,9 @@ def resolve(run: Run, *, user, resolution: str, note: str = "") -> Run:
     with transaction.atomic():
         locked = Run.objects.select_for_update().get(pk=run.pk)
         if locked.status != RunStatus.NEEDS_ATTENTION:
-            raise ResolutionError(f"the run is {locked.get_status_display().lower()}, not waiting for a person")
+            raise ResolutionError(
+                f"the run is {locked.get_status_display().lower()}, not waiting for a person"
+            )
         doubtful = in_doubt_effects(locked)
         if resolution in {"happened", "retry"} and not doubtful:
             raise ResolutionError("no effect of this run is in doubt; it can only be stopped")
@@ -901,7 +908,8 @@ def resolve(run: Run, *, user, resolution: str, note: str = "") -> Run:
             for record in doubtful:
                 IdempotencyRecord.objects.filter(pk=record.pk).update(
                     status=LedgerStatus.DONE,
-                    result=f"Confirmed as done by {user.get_username()}." + (f" {note}" if note else ""),
+                    result=f"Confirmed as done by {user.get_username()}."
+                    + (f" {note}" if note else ""),
                     completed_at=now,
                 )
         elif resolution == "retry":
@@ -910,7 +918,9 @@ def resolve(run: Run, *, user, resolution: str, note: str = "") -> Run:
             raise ResolutionError(f"unknown resolution {resolution!r}")
         if resolution == "abandon":
             locked.status = RunStatus.FAILED
-            locked.status_reason = f"Stopped by {user.get_username()}." + (f" {note}" if note else "")
+            locked.status_reason = f"Stopped by {user.get_username()}." + (
+                f" {note}" if note else ""
+            )
             locked.finished_at = now
         else:
             locked.status = RunStatus.QUEUED
@@ -918,7 +928,9 @@ def resolve(run: Run, *, user, resolution: str, note: str = "") -> Run:
             locked.attempts = 0
             resume_run_task.enqueue(locked.pk)
         locked.updated_at = now
-        locked.save(update_fields=["status", "status_reason", "finished_at", "attempts", "updated_at"])
+        locked.save(
+            update_fields=["status", "status_reason", "finished_at", "attempts", "updated_at"]
+        )
         audit.append(
             tenant_id=locked.tenant_id,
             action="run.resolved",

@@ -1,3 +1,9 @@
 from __future__ import annotations
 
-websocket_urlpatterns: list = []
+from django.urls import path
+
+from approvals.consumers import ConsoleConsumer
+
+websocket_urlpatterns = [
+    path("ws/console/", ConsoleConsumer.as_asgi()),
+]

@@ -62,6 +62,7 @@ INSTALLED_APPS = [
     "channels",
     "django_tasks",
     "django_tasks_db",
+    "axes",
     "approvals",
     "sessions_admin",
 ]
@@ -75,6 +76,14 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    "approvals.middleware.SecurityHeadersMiddleware",
+    # Last, as django-axes asks: it turns a locked-out sign-in into a clear 429 page.
+    "axes.middleware.AxesMiddleware",
+]
+
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
 ]
 
 ROOT_URLCONF = "config.urls"
@@ -90,6 +99,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "approvals.context_processors.console",
             ],
         },
     },
@@ -136,7 +146,17 @@ STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = BASE_DIR / "var" / "static"
 
-LOGIN_URL = "/admin/login/"
+LOGIN_URL = "/login/"
+LOGIN_REDIRECT_URL = "/"
+LOGOUT_REDIRECT_URL = "/login/"
+
+# Sign-in brute force: five failures for one username from one address lock it for 15 minutes.
+AXES_FAILURE_LIMIT = env_int("AXES_FAILURE_LIMIT", 5, minimum=1)
+AXES_COOLOFF_TIME = timedelta(minutes=env_int("AXES_COOLOFF_MINUTES", 15, minimum=1))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
+AXES_VERBOSE = False
 
 SESSION_COOKIE_SECURE = PRODUCTION
 CSRF_COOKIE_SECURE = PRODUCTION
@@ -184,6 +204,8 @@ APPROVALS_LEASE_SECONDS = env_int("APPROVALS_LEASE_SECONDS", 60, minimum=2)
 APPROVALS_REAPER_INTERVAL_SECONDS = env_int("APPROVALS_REAPER_INTERVAL_SECONDS", 10, minimum=1)
 APPROVALS_RESUME_GRACE_SECONDS = env_int("APPROVALS_RESUME_GRACE_SECONDS", 300)
 APPROVALS_MAX_ATTEMPTS = env_int("APPROVALS_MAX_ATTEMPTS", 5, minimum=1)
+# With the in-memory channel layer, each web process reads new audit events this often.
+APPROVALS_LIVE_POLL_SECONDS = 0.5
 APPROVALS_SQLITE_SESSION_DIR = BASE_DIR / "var" / "sessions"
 APPROVALS_DEMO_EFFECT_LOG = Path(
     env_str("APPROVALS_DEMO_EFFECT_LOG", str(BASE_DIR / "var" / "demo-effects.log"))

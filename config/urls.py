@@ -1,11 +1,16 @@
 from __future__ import annotations
 
 from django.contrib import admin
-from django.urls import path
-from django.views.generic import RedirectView
+from django.contrib.auth import views as auth_views
+from django.urls import include, path
 
 urlpatterns = [
     path("admin/", admin.site.urls),
-    # The console's own pages arrive with the browser issue; until then the admin is home.
-    path("", RedirectView.as_view(url="/admin/", permanent=False)),
+    path(
+        "login/",
+        auth_views.LoginView.as_view(redirect_authenticated_user=True),
+        name="login",
+    ),
+    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("", include("approvals.urls")),
 ]

@@ -1,0 +1,138 @@
+from __future__ import annotations
+
+import re
+
+from django import forms
+from django.conf import settings
+from django.contrib.auth import get_user_model
+
+from approvals.models import RunStatus, TicketStatus
+from approvals.services import MAX_MESSAGE_CHARS
+
+_NAME = re.compile(r"^[\w.:@+-]{1,200}$")
+
+
+def _checked_name(value: str, what: str) -> str:
+    if value and not _NAME.match(value):
+        raise forms.ValidationError(f"That is not a valid {what} name.")
+    return value
+
+
+class QueueFilterForm(forms.Form):
+    tenant = forms.CharField(required=False, max_length=64)
+    agent = forms.CharField(required=False, max_length=100)
+    tool = forms.CharField(required=False, max_length=200)
+    requester = forms.CharField(required=False, max_length=150)
+    after = forms.CharField(required=False, max_length=500)
+
+    def __init__(self, *args, tenant_slugs: list[str], **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.tenant_slugs = tenant_slugs
+
+    def clean_tenant(self) -> str:
+        slug = self.cleaned_data["tenant"]
+        if slug and slug not in self.tenant_slugs:
+            raise forms.ValidationError(f"You are not a member of a tenant called {slug!r}.")
+        return slug
+
+    def clean_agent(self) -> str:
+        agent = self.cleaned_data["agent"]
+        if agent and agent not in settings.APPROVALS_AGENTS:
+            raise forms.ValidationError(f"There is no agent called {agent!r}.")
+        return agent
+
+    def clean_tool(self) -> str:
+        return _checked_name(self.cleaned_data["tool"], "tool")
+
+    def clean_requester(self) -> str:
+        name = _checked_name(self.cleaned_data["requester"], "user")
+        if name and not get_user_model().objects.filter(username=name).exists():
+            raise forms.ValidationError(f"There is no user called {name!r}.")
+        return name
+
+
+class AuditFilterForm(forms.Form):
+    tenant = forms.CharField(required=False, max_length=64)
+    actor = forms.CharField(required=False, max_length=150)
+    action = forms.CharField(required=False, max_length=64)
+    tool = forms.CharField(required=False, max_length=200)
+    outcome = forms.CharField(required=False, max_length=64)
+    since = forms.DateField(required=False)
+    until = forms.DateField(required=False)
+    after = forms.CharField(required=False, max_length=500)
+
+    OUTCOMES = sorted(
+        {*RunStatus.values, *TicketStatus.values, "done", "failed", "rotated", "exported"}
+    )
+
+    def __init__(self, *args, tenant_slugs: list[str], **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.tenant_slugs = tenant_slugs
+
+    def clean_tenant(self) -> str:
+        slug = self.cleaned_data["tenant"]
+        if slug and slug not in self.tenant_slugs:
+            raise forms.ValidationError(f"You cannot read the history of a tenant called {slug!r}.")
+        return slug
+
+    def clean_actor(self) -> str:
+        value = self.cleaned_data["actor"]
+        if value and not re.match(r"^[\w .:@+#-]{1,150}$", value):
+            raise forms.ValidationError("That is not a valid actor name.")
+        return value
+
+    def clean_action(self) -> str:
+        value = self.cleaned_data["action"]
+        if value and not re.match(r"^[a-z_]+\.[a-z_]+$", value):
+            raise forms.ValidationError("Actions look like ticket.approved or run.completed.")
+        return value
+
+    def clean_tool(self) -> str:
+        return _checked_name(self.cleaned_data["tool"], "tool")
+
+    def clean_outcome(self) -> str:
+        value = self.cleaned_data["outcome"]
+        if value and value not in self.OUTCOMES:
+            raise forms.ValidationError(f"Unknown outcome {value!r}.")
+        return value
+
+    def clean(self):
+        data = super().clean()
+        if data.get("since") and data.get("until") and data["since"] > data["until"]:
+            raise forms.ValidationError("The start date is after the end date.")
+        return data
+
+
+class DecisionForm(forms.Form):
+    decision = forms.ChoiceField(choices=[("approve", "Approve"), ("reject", "Reject")])
+    message = forms.CharField(
+        required=False,
+        max_length=MAX_MESSAGE_CHARS,
+        widget=forms.Textarea(attrs={"rows": 3}),
+        help_text="Sent back to the model when you reject.",
+    )
+    always = forms.BooleanField(required=False)
+
+    def clean(self):
+        data = super().clean()
+        if data.get("always") and data.get("decision") == "reject":
+            raise forms.ValidationError("'Always approve' goes with an approval, not a rejection.")
+        return data
+
+
+class ResolveForm(forms.Form):
+    resolution = forms.ChoiceField(
+        choices=[
+            ("happened", "The effect happened: record it and let the run finish"),
+            ("retry", "The effect did not happen: run it again"),
+            ("abandon", "Stop the run here"),
+        ]
+    )
+    note = forms.CharField(
+        required=False, max_length=1000, widget=forms.Textarea(attrs={"rows": 2})
+    )
+
+
+class TenantSwitchForm(forms.Form):
+    tenant = forms.CharField(required=False, max_length=64)
+    next = forms.CharField(required=False, max_length=500)

@@ -1,0 +1,220 @@
+"""Turn stored facts into what a person reads: transcripts, argument tables, diffs, digest checks."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from approvals.canonical import arguments_digest, canonical_arguments
+
+FOLD_AT = 160
+
+
+@dataclass(frozen=True)
+class Entry:
+    kind: str  # user, assistant, tool_call, tool_output, system
+    text: str = ""
+    tool: str = ""
+    call_id: str = ""
+    arguments: list[ArgRow] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ArgRow:
+    path: str
+    value: str
+    depth: int = 0
+    folded: bool = False
+    is_container: bool = False
+
+
+def _text_of(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if isinstance(part, dict):
+                parts.append(str(part.get("text") or part.get("refusal") or ""))
+        return "\n".join(p for p in parts if p)
+    return ""
+
+
+def argument_rows(value: Any, path: str = "", depth: int = 0) -> list[ArgRow]:
+    """Rows of a table: nested values expanded under their parent, long strings folded."""
+    rows: list[ArgRow] = []
+    if isinstance(value, dict):
+        if path:
+            rows.append(ArgRow(path, f"{len(value)} fields", depth, is_container=True))
+        for key in value:
+            child = f"{path}.{key}" if path else str(key)
+            rows.extend(argument_rows(value[key], child, depth + (1 if path else 0)))
+        return rows
+    if isinstance(value, list):
+        rows.append(ArgRow(path or "(list)", f"{len(value)} items", depth, is_container=True))
+        for index, item in enumerate(value):
+            rows.extend(argument_rows(item, f"{path}[{index}]", depth + 1))
+        return rows
+    text = value if isinstance(value, str) else json.dumps(value)
+    return [ArgRow(path or "(value)", text, depth, folded=len(text) > FOLD_AT)]
+
+
+def arguments_rows_from_json(arguments_json: str) -> list[ArgRow]:
+    return argument_rows(json.loads(arguments_json))
+
+
+def summary(arguments_json: str, limit: int = 90) -> str:
+    """One line: key=value pairs of the top level."""
+    try:
+        value = json.loads(arguments_json)
+    except ValueError:
+        return arguments_json[:limit]
+    if isinstance(value, dict):
+        parts = []
+        for key, item in value.items():
+            shown = item if isinstance(item, str) else json.dumps(item)
+            parts.append(f"{key}={shown}")
+        text = ", ".join(parts)
+    else:
+        text = json.dumps(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def transcript(state_json: dict) -> list[Entry]:
+    """The run's conversation so far, from its stored state."""
+    entries: list[Entry] = []
+    original = state_json.get("original_input")
+    if isinstance(original, str):
+        entries.append(Entry("user", original))
+    elif isinstance(original, list):
+        for item in original:
+            entries.extend(_entries_from_input_item(item))
+    for item in state_json.get("generated_items") or []:
+        kind = item.get("type")
+        raw = item.get("raw_item") or {}
+        if kind == "message_output_item":
+            entries.append(Entry("assistant", _text_of(raw.get("content"))))
+        elif kind == "tool_call_item":
+            args = raw.get("arguments")
+            entries.append(
+                Entry(
+                    "tool_call",
+                    tool=str(raw.get("name") or item.get("tool_name") or ""),
+                    call_id=str(raw.get("call_id") or ""),
+                    arguments=argument_rows(json.loads(canonical_arguments(args))),
+                )
+            )
+        elif kind == "tool_call_output_item":
+            output = item.get("output", raw.get("output"))
+            entries.append(
+                Entry(
+                    "tool_output",
+                    text=output if isinstance(output, str) else json.dumps(output),
+                    call_id=str(raw.get("call_id") or ""),
+                )
+            )
+    return entries
+
+
+def _entries_from_input_item(item: Any) -> list[Entry]:
+    if not isinstance(item, dict):
+        return []
+    role = item.get("role")
+    if role in {"user", "assistant", "system", "developer"}:
+        return [Entry("user" if role == "user" else role, _text_of(item.get("content")))]
+    if item.get("type") == "function_call":
+        return [
+            Entry(
+                "tool_call",
+                tool=str(item.get("name", "")),
+                call_id=str(item.get("call_id", "")),
+                arguments=argument_rows(json.loads(canonical_arguments(item.get("arguments")))),
+            )
+        ]
+    if item.get("type") == "function_call_output":
+        return [
+            Entry("tool_output", text=str(item.get("output")), call_id=str(item.get("call_id")))
+        ]
+    return []
+
+
+def stored_call_arguments(state_json: dict, call_id: str) -> str | None:
+    """The raw argument string of the pending call with this id, as the worker will run it."""
+    for item in state_json.get("generated_items") or []:
+        if item.get("type") == "tool_approval_item":
+            raw = item.get("raw_item") or {}
+            if raw.get("call_id") == call_id:
+                return raw.get("arguments")
+    return None
+
+
+@dataclass(frozen=True)
+class DigestCheck:
+    ok: bool
+    digest: str
+    stored_digest: str = ""
+    problem: str = ""
+    differences: list[Change] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Change:
+    path: str
+    kind: str  # added, removed, changed
+    before: str = ""
+    after: str = ""
+
+
+def _flatten(value: Any, path: str = "") -> dict[str, str]:
+    if isinstance(value, dict) and value:
+        flat: dict[str, str] = {}
+        for key, item in value.items():
+            flat.update(_flatten(item, f"{path}.{key}" if path else str(key)))
+        return flat
+    if isinstance(value, list) and value:
+        flat = {}
+        for index, item in enumerate(value):
+            flat.update(_flatten(item, f"{path}[{index}]"))
+        return flat
+    return {path or "(value)": value if isinstance(value, str) else json.dumps(value)}
+
+
+def diff(before: Any, after: Any) -> list[Change]:
+    """Field-level changes from before to after: added, removed and changed leaves."""
+    old, new = _flatten(before), _flatten(after)
+    changes = []
+    for path in sorted(old.keys() | new.keys()):
+        if path not in old:
+            changes.append(Change(path, "added", after=new[path]))
+        elif path not in new:
+            changes.append(Change(path, "removed", before=old[path]))
+        elif old[path] != new[path]:
+            changes.append(Change(path, "changed", old[path], new[path]))
+    return changes
+
+
+def check_digest(ticket, state_json: dict | None, problem: str = "") -> DigestCheck:
+    """Recompute the ticket's digest from the stored state, as the worker will."""
+    if state_json is None:
+        return DigestCheck(
+            False, "", ticket.arguments_digest, problem or "the stored state cannot be read"
+        )
+    raw = stored_call_arguments(state_json, ticket.tool_call_id)
+    if raw is None:
+        return DigestCheck(
+            False,
+            "",
+            ticket.arguments_digest,
+            "the stored state has no pending call for this ticket",
+        )
+    digest = arguments_digest(raw)
+    if digest == ticket.arguments_digest:
+        return DigestCheck(True, digest, ticket.arguments_digest)
+    return DigestCheck(
+        False,
+        digest,
+        ticket.arguments_digest,
+        "the arguments in the stored state differ from those recorded on the ticket",
+        diff(json.loads(ticket.arguments_json), json.loads(canonical_arguments(raw))),
+    )

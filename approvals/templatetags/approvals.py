@@ -1,0 +1,48 @@
+from __future__ import annotations
+
+from datetime import datetime
+
+from django import template
+from django.utils.html import format_html
+
+register = template.Library()
+
+
+def _span(seconds: int) -> str:
+    minutes, _ = divmod(max(seconds, 0), 60)
+    hours, minutes = divmod(minutes, 60)
+    days, hours = divmod(hours, 24)
+    if days:
+        return f"{days}d {hours}h"
+    if hours:
+        return f"{hours}h {minutes}m"
+    return f"{minutes}m" if minutes else "under a minute"
+
+
+@register.simple_tag
+def expiry(expires_at: datetime, now: datetime) -> str:
+    """Time left before a ticket expires, as a <time> that console.js counts down."""
+    seconds = int((expires_at - now).total_seconds())
+    if seconds <= 0:
+        return format_html(
+            '<time class="expired" datetime="{}">expired</time>', expires_at.isoformat()
+        )
+    tone = "urgent" if seconds < 3600 else "soon" if seconds < 6 * 3600 else ""
+    return format_html(
+        '<time class="countdown {}" datetime="{}" data-countdown>in {}</time>',
+        tone,
+        expires_at.isoformat(),
+        _span(seconds),
+    )
+
+
+@register.filter
+def status_label(value: str) -> str:
+    return str(value).replace("_", " ")
+
+
+@register.simple_tag
+def now_expiry(expires_at: datetime) -> str:
+    from django.utils import timezone
+
+    return expiry(expires_at, timezone.now())

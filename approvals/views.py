@@ -1,0 +1,556 @@
+"""The console's pages: queue, ticket, run, audit history. Typed function views that validate
+with a form, call one service, and render or redirect."""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Iterator
+from datetime import UTC, datetime, time, timedelta
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.cache import cache
+from django.db.models import QuerySet
+from django.http import (
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    HttpResponseBadRequest,
+    StreamingHttpResponse,
+)
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.http import url_has_allowed_host_and_scheme
+from django.views.decorators.http import require_GET, require_POST
+from django_htmx.http import HttpResponseClientRedirect
+from django_htmx.middleware import HtmxDetails
+
+from approvals import crypto, presenters, services
+from approvals.audit import verify_chain
+from approvals.forms import (
+    AuditFilterForm,
+    DecisionForm,
+    QueueFilterForm,
+    ResolveForm,
+    TenantSwitchForm,
+)
+from approvals.models import (
+    AuditEvent,
+    Membership,
+    Role,
+    Run,
+    RunStatus,
+    Tenant,
+    Ticket,
+    TicketStatus,
+)
+from approvals.pagination import BadCursor, after_descending
+
+QUEUE_PAGE = 25
+AUDIT_PAGE = 50
+HISTORY_ROLES = {Role.AUDITOR, Role.ADMIN}
+
+
+class HtmxHttpRequest(HttpRequest):
+    htmx: HtmxDetails
+
+
+# --- who may see what ---------------------------------------------------------------------
+
+
+def _memberships(request: HttpRequest) -> dict[int, Membership]:
+    cached = getattr(request, "_console_memberships", None)
+    if cached is None:
+        cached = {
+            m.tenant_id: m
+            for m in Membership.objects.filter(user=request.user).select_related("tenant")
+        }
+        request._console_memberships = cached
+    return cached
+
+
+def _get_ticket_for_user(request: HttpRequest, pk: int) -> tuple[Ticket, Membership]:
+    memberships = _memberships(request)
+    ticket = (
+        Ticket.objects.select_related("run", "tenant", "requested_by", "decided_by")
+        .filter(pk=pk, tenant_id__in=memberships.keys())
+        .first()
+    )
+    if ticket is None:
+        raise Http404("No such ticket.")
+    return ticket, memberships[ticket.tenant_id]
+
+
+def _get_run_for_user(request: HttpRequest, pk: int) -> tuple[Run, Membership]:
+    memberships = _memberships(request)
+    run = (
+        Run.objects.select_related("tenant", "requested_by")
+        .filter(pk=pk, tenant_id__in=memberships.keys())
+        .first()
+    )
+    if run is None:
+        raise Http404("No such run.")
+    return run, memberships[run.tenant_id]
+
+
+def _active_tenant(request: HttpRequest) -> str:
+    slug = request.session.get("console_tenant", "")
+    slugs = {m.tenant.slug for m in _memberships(request).values()}
+    return slug if slug in slugs else ""
+
+
+def _open_state(run: Run) -> tuple[dict | None, str]:
+    try:
+        return services.open_state(run), ""
+    except crypto.CryptoError as error:
+        return None, str(error)
+    except ValueError:
+        return None, "the stored state is not valid JSON"
+
+
+# --- the queue ----------------------------------------------------------------------------
+
+
+@login_required
+@require_GET
+def queue(request: HtmxHttpRequest) -> HttpResponse:
+    memberships = _memberships(request)
+    slugs = sorted(m.tenant.slug for m in memberships.values())
+    data = request.GET.copy()
+    if "tenant" not in data:
+        data["tenant"] = _active_tenant(request)
+    form = QueueFilterForm(data, tenant_slugs=slugs)
+    status = 200
+    page = None
+    if form.is_valid():
+        filters = form.cleaned_data
+        tickets = Ticket.objects.filter(
+            tenant_id__in=memberships.keys(), status=TicketStatus.PENDING
+        ).select_related("run", "tenant", "requested_by")
+        if filters["tenant"]:
+            tickets = tickets.filter(tenant__slug=filters["tenant"])
+        if filters["agent"]:
+            tickets = tickets.filter(run__agent_key=filters["agent"])
+        if filters["tool"]:
+            tickets = tickets.filter(tool_name=filters["tool"])
+        if filters["requester"]:
+            tickets = tickets.filter(requested_by__username=filters["requester"])
+        try:
+            page = after_descending(
+                tickets, ("created_at", "id"), filters["after"] or None, (datetime, int), QUEUE_PAGE
+            )
+        except BadCursor as error:
+            form.add_error("after", str(error))
+    if page is None:
+        status = 400
+    pending = Ticket.objects.filter(tenant_id__in=memberships.keys(), status=TicketStatus.PENDING)
+    context = {
+        "form": form,
+        "page": page,
+        "rows": [_queue_row(t) for t in page.rows] if page else [],
+        "tenants": slugs,
+        "tools": sorted(set(pending.values_list("tool_name", flat=True).distinct())),
+        "agents": sorted(set(pending.values_list("run__agent_key", flat=True).distinct())),
+        "requesters": sorted(
+            set(
+                pending.exclude(requested_by=None)
+                .values_list("requested_by__username", flat=True)
+                .distinct()
+            )
+        ),
+        "next_query": _with(request, after=page.next_cursor) if page and page.next_cursor else "",
+        "now": timezone.now(),
+    }
+    template = "approvals/queue.html"
+    if request.htmx and request.htmx.target == "queue-rows":
+        template += "#rows"
+    return render(request, template, context, status=status)
+
+
+def _queue_row(ticket: Ticket) -> dict:
+    return {
+        "ticket": ticket,
+        "summary": presenters.summary(ticket.arguments_json),
+    }
+
+
+def _with(request: HttpRequest, **changes: str) -> str:
+    query = request.GET.copy()
+    for key, value in changes.items():
+        query[key] = value
+    return query.urlencode()
+
+
+# --- a ticket -----------------------------------------------------------------------------
+
+
+def _ticket_context(request: HttpRequest, ticket: Ticket, membership: Membership) -> dict:
+    run = ticket.run
+    state_json, problem = _open_state(run)
+    current = ticket.generation == run.state_generation
+    check = (
+        presenters.check_digest(ticket, state_json, problem)
+        if current and ticket.is_pending
+        else None
+    )
+    previous = (
+        Ticket.objects.filter(
+            tenant_id=ticket.tenant_id, tool_name=ticket.tool_name, status=TicketStatus.APPROVED
+        )
+        .exclude(pk=ticket.pk)
+        .select_related("decided_by")
+        .order_by("-decided_at", "-pk")
+        .first()
+    )
+    changes = (
+        presenters.diff(json.loads(previous.arguments_json), json.loads(ticket.arguments_json))
+        if previous
+        else None
+    )
+    expired = ticket.is_expired
+    may_decide = membership.can_decide and ticket.is_pending and not expired
+    return {
+        "ticket": ticket,
+        "run": run,
+        "membership": membership,
+        "arguments": presenters.arguments_rows_from_json(ticket.arguments_json),
+        "transcript": presenters.transcript(state_json) if state_json else [],
+        "state_problem": problem,
+        "check": check,
+        "previous": previous,
+        "changes": changes,
+        "expired": expired,
+        "may_decide": may_decide and (check is None or check.ok),
+        "may_approve": may_decide
+        and (check is not None and check.ok)
+        and not ticket.is_requested_by(request.user),
+        "is_requester": ticket.is_requested_by(request.user),
+        "form": DecisionForm(),
+    }
+
+
+@login_required
+@require_GET
+def ticket_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    ticket, membership = _get_ticket_for_user(request, pk)
+    template = "approvals/ticket.html"
+    if request.htmx and request.htmx.target == "decision":
+        template += "#decision"
+    return render(request, template, _ticket_context(request, ticket, membership))
+
+
+@login_required
+@require_POST
+def ticket_decide(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    ticket, membership = _get_ticket_for_user(request, pk)
+    form = DecisionForm(request.POST)
+    problem, status = "", 200
+    if not form.is_valid():
+        problem, status = " ".join(m for errors in form.errors.values() for m in errors), 400
+    else:
+        approve = form.cleaned_data["decision"] == "approve"
+        if approve and ticket.is_pending:
+            # The digest is checked when shown and again now: what is approved is what will run.
+            state_json, state_problem = _open_state(ticket.run)
+            check = presenters.check_digest(ticket, state_json, state_problem)
+            if not check.ok:
+                problem, status = f"Not approved: {check.problem}.", 409
+        if not problem:
+            try:
+                services.decide(
+                    ticket,
+                    user=request.user,
+                    approve=approve,
+                    message=form.cleaned_data["message"],
+                    always=form.cleaned_data["always"],
+                )
+            except services.TicketNotFoundError:
+                raise Http404("No such ticket.") from None
+            except (services.NotAllowedError, services.SelfApprovalError) as error:
+                problem, status = _sentence(error), 403
+            except services.AlreadyDecidedError as error:
+                problem, status = str(error), 409
+            except services.TicketExpiredError as error:
+                problem, status = _sentence(error), 409
+            except services.InvalidDecisionError as error:
+                problem, status = _sentence(error), 400
+    if status == 200:
+        verb = "approved" if form.cleaned_data["decision"] == "approve" else "rejected"
+        messages.success(request, f"Ticket #{ticket.pk} {verb}. The run continues in the worker.")
+        url = reverse("approvals:run", args=[ticket.run_id])
+        return HttpResponseClientRedirect(url) if request.htmx else redirect(url)
+    ticket.refresh_from_db()
+    context = _ticket_context(request, ticket, membership)
+    context["problem"] = problem
+    context["form"] = form
+    template = "approvals/ticket.html#decision" if request.htmx else "approvals/ticket.html"
+    return render(request, template, context, status=status)
+
+
+def _sentence(error: Exception) -> str:
+    text = str(error)
+    return (text[:1].upper() + text[1:]).rstrip(".") + "."
+
+
+# --- a run --------------------------------------------------------------------------------
+
+ACTION_LABELS = {
+    "run.paused": "Paused for approval",
+    "ticket.created": "Approval requested",
+    "ticket.approved": "Approved",
+    "ticket.rejected": "Rejected",
+    "ticket.expired": "Ticket expired",
+    "run.queued": "Queued for the worker",
+    "run.resuming": "Worker resuming",
+    "effect.done": "Effect done",
+    "run.completed": "Completed",
+    "run.failed": "Failed",
+    "run.refused": "Refused by the worker",
+    "run.in_doubt": "Effect in doubt",
+    "run.expired": "Expired",
+    "run.requeued": "Re-queued after a worker stopped",
+    "run.retry_later": "Waiting to retry",
+    "run.resolved": "Resolved by a person",
+    "keys.rotated": "Keys rotated",
+}
+
+
+def _timeline(run: Run) -> list[dict]:
+    events = AuditEvent.objects.filter(tenant_id=run.tenant_id, run_id=run.pk).order_by("seq")
+    return [
+        {
+            "event": event,
+            "label": ACTION_LABELS.get(event.action, event.action),
+            "tone": event.action.split(".")[-1],
+        }
+        for event in events
+    ]
+
+
+@login_required
+@require_GET
+def run_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    run, membership = _get_run_for_user(request, pk)
+    context = {
+        "run": run,
+        "membership": membership,
+        "timeline": _timeline(run),
+        "tickets": list(run.tickets.select_related("decided_by").order_by("pk")),
+        "doubtful": services.in_doubt_effects(run)
+        if run.status == RunStatus.NEEDS_ATTENTION
+        else [],
+        "resolve_form": ResolveForm(),
+        "live": run.status in {RunStatus.QUEUED, RunStatus.RESUMING, RunStatus.PAUSED},
+    }
+    template = "approvals/run.html"
+    if request.htmx and request.htmx.target == "run-live":
+        template += "#live"
+    return render(request, template, context)
+
+
+@login_required
+@require_POST
+def run_resolve(request: HttpRequest, pk: int) -> HttpResponse:
+    run, membership = _get_run_for_user(request, pk)
+    form = ResolveForm(request.POST)
+    if not form.is_valid():
+        return HttpResponseBadRequest("Choose what happened to the effect.")
+    try:
+        services.resolve(
+            run,
+            user=request.user,
+            resolution=form.cleaned_data["resolution"],
+            note=form.cleaned_data["note"],
+        )
+    except services.ResolutionError as error:
+        messages.error(request, _sentence(error))
+        return redirect("approvals:run", pk=run.pk)
+    messages.success(request, "Resolution recorded.")
+    return redirect("approvals:run", pk=run.pk)
+
+
+# --- audit history ------------------------------------------------------------------------
+
+
+def _history_tenants(request: HttpRequest) -> dict[int, Tenant]:
+    return {
+        tenant_id: m.tenant
+        for tenant_id, m in _memberships(request).items()
+        if m.role in HISTORY_ROLES
+    }
+
+
+def _filtered_events(tenants: dict[int, Tenant], filters: dict) -> QuerySet[AuditEvent]:
+    events = AuditEvent.objects.filter(tenant_id__in=tenants.keys()).select_related("tenant")
+    if filters.get("tenant"):
+        events = events.filter(tenant__slug=filters["tenant"])
+    if filters.get("actor"):
+        events = events.filter(actor_name=filters["actor"])
+    if filters.get("action"):
+        events = events.filter(action=filters["action"])
+    if filters.get("tool"):
+        events = events.filter(tool_name=filters["tool"])
+    if filters.get("outcome"):
+        events = events.filter(outcome=filters["outcome"])
+    if filters.get("since"):
+        events = events.filter(created_at__gte=datetime.combine(filters["since"], time.min, UTC))
+    if filters.get("until"):
+        # "until" is inclusive: everything before the start of the next day.
+        end = datetime.combine(filters["until"] + timedelta(days=1), time.min, UTC)
+        events = events.filter(created_at__lt=end)
+    return events
+
+
+def _chain_status(tenant: Tenant) -> dict:
+    key = f"audit-chain:{tenant.pk}:{tenant.audit_seq}:{tenant.audit_head}"
+    report = cache.get(key)
+    if report is None:
+        report = verify_chain(tenant)
+        cache.set(key, report, 300)
+    return {"tenant": tenant, "report": report}
+
+
+@login_required
+@require_GET
+def audit_history(request: HtmxHttpRequest) -> HttpResponse:
+    tenants = _history_tenants(request)
+    if not tenants:
+        return render(
+            request,
+            "approvals/forbidden.html",
+            {"reason": "Only auditors and admins read the audit history."},
+            status=403,
+        )
+    form = AuditFilterForm(request.GET, tenant_slugs=sorted(t.slug for t in tenants.values()))
+    page = None
+    if form.is_valid():
+        try:
+            page = after_descending(
+                _filtered_events(tenants, form.cleaned_data),
+                ("id",),
+                form.cleaned_data["after"] or None,
+                (int,),
+                AUDIT_PAGE,
+            )
+        except BadCursor as error:
+            form.add_error("after", str(error))
+    context = {
+        "form": form,
+        "page": page,
+        "tenants": sorted(tenants.values(), key=lambda t: t.slug),
+        "chains": [_chain_status(t) for t in sorted(tenants.values(), key=lambda t: t.slug)],
+        "actions": sorted(ACTION_LABELS),
+        "outcomes": AuditFilterForm.OUTCOMES,
+        "next_query": _with(request, after=page.next_cursor) if page and page.next_cursor else "",
+        "export_query": _with(request, after=""),
+        "labels": ACTION_LABELS,
+    }
+    template = "approvals/audit.html"
+    if request.htmx and request.htmx.target == "audit-rows":
+        template += "#rows"
+    return render(request, template, context, status=200 if page else 400)
+
+
+EXPORT_FIELDS = [
+    "tenant",
+    "seq",
+    "created_at",
+    "actor",
+    "action",
+    "run",
+    "ticket",
+    "tool",
+    "arguments_digest",
+    "outcome",
+    "detail",
+    "hash",
+]
+
+
+def _export_rows(events: QuerySet[AuditEvent]) -> Iterator[dict]:
+    for event in events.order_by("id").iterator(chunk_size=2000):
+        yield {
+            "tenant": event.tenant.slug,
+            "seq": event.seq,
+            "created_at": event.created_at.isoformat(),
+            "actor": event.actor_name,
+            "action": event.action,
+            "run": event.run_id,
+            "ticket": event.ticket_id,
+            "tool": event.tool_name,
+            "arguments_digest": event.arguments_digest,
+            "outcome": event.outcome,
+            "detail": event.detail,
+            "hash": event.hash,
+        }
+
+
+class _Echo:
+    def write(self, value: str) -> str:
+        return value
+
+
+@login_required
+@require_GET
+def audit_export(request: HttpRequest, fmt: str) -> HttpResponse:
+    if fmt not in {"csv", "jsonl"}:
+        raise Http404("Exports are CSV or JSON Lines.")
+    tenants = _history_tenants(request)
+    if not tenants:
+        return render(
+            request,
+            "approvals/forbidden.html",
+            {"reason": "Only auditors and admins export the audit history."},
+            status=403,
+        )
+    form = AuditFilterForm(request.GET, tenant_slugs=sorted(t.slug for t in tenants.values()))
+    if not form.is_valid():
+        return HttpResponseBadRequest(
+            "The filters are not valid: " + "; ".join(m for e in form.errors.values() for m in e)
+        )
+    events = _filtered_events(tenants, form.cleaned_data)
+    scope = [
+        t
+        for t in tenants
+        if not form.cleaned_data["tenant"] or tenants[t].slug == form.cleaned_data["tenant"]
+    ]
+    services.record_export(user=request.user, tenant_ids=scope, fmt=fmt, filters=form.cleaned_data)
+    stamp = timezone.now().strftime("%Y%m%d-%H%M%S")
+    if fmt == "csv":
+        writer = csv.writer(_Echo())
+
+        def lines() -> Iterator[str]:
+            yield writer.writerow(EXPORT_FIELDS)
+            for row in _export_rows(events):
+                row["detail"] = json.dumps(row["detail"], sort_keys=True)
+                yield writer.writerow([row[f] for f in EXPORT_FIELDS])
+
+        response = StreamingHttpResponse(lines(), content_type="text/csv; charset=utf-8")
+    else:
+        response = StreamingHttpResponse(
+            (json.dumps(row, sort_keys=True) + "\n" for row in _export_rows(events)),
+            content_type="application/x-ndjson",
+        )
+    response["Content-Disposition"] = f'attachment; filename="audit-{stamp}.{fmt}"'
+    return response
+
+
+# --- tenant switcher ----------------------------------------------------------------------
+
+
+@login_required
+@require_POST
+def switch_tenant(request: HttpRequest) -> HttpResponse:
+    form = TenantSwitchForm(request.POST)
+    slugs = {m.tenant.slug for m in _memberships(request).values()}
+    if not form.is_valid() or (
+        form.cleaned_data["tenant"] and form.cleaned_data["tenant"] not in slugs
+    ):
+        return HttpResponseBadRequest("You are not a member of that tenant.")
+    request.session["console_tenant"] = form.cleaned_data["tenant"]
+    target = form.cleaned_data["next"] or reverse("approvals:queue")
+    if not url_has_allowed_host_and_scheme(target, {request.get_host()}, request.is_secure()):
+        target = reverse("approvals:queue")
+    return redirect(target)

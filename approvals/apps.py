@@ -9,6 +9,7 @@ class ApprovalsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from approvals import signals  # noqa: F401
         if not settings.OPENAI_API_KEY:
             from agents import set_tracing_disabled
 

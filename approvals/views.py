@@ -314,6 +314,9 @@ ACTION_LABELS = {
     "run.retry_later": "Waiting to retry",
     "run.resolved": "Resolved by a person",
     "keys.rotated": "Keys rotated",
+    "auth.sign_in_failed": "Sign-in failed",
+    "auth.locked_out": "Sign-in locked out",
+    "audit.exported": "History exported",
 }
 
 

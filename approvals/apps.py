@@ -10,6 +10,7 @@ class ApprovalsConfig(AppConfig):
 
     def ready(self) -> None:
         from approvals import signals  # noqa: F401
+
         if not settings.OPENAI_API_KEY:
             from agents import set_tracing_disabled
 

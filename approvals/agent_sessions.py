@@ -61,8 +61,19 @@ def describe(session) -> SessionRef:
     raise UnsupportedSessionError(f"sessions of type {type(session).__name__} cannot be resumed")
 
 
+def openai_client():
+    """The client for the Conversations API: the SDK's default, or one for OPENAI_BASE_URL."""
+    if not settings.APPROVALS_OPENAI_BASE_URL:
+        return None
+    from openai import AsyncOpenAI
+
+    return AsyncOpenAI(
+        api_key=settings.OPENAI_API_KEY or "not-needed", base_url=settings.APPROVALS_OPENAI_BASE_URL
+    )
+
+
 def _open_custom(ref: SessionRef):
-    openers = getattr(settings, "APPROVALS_SESSION_OPENERS", {})
+    openers = settings.APPROVALS_SESSION_OPENERS
     path = openers.get(ref.backend)
     if path is None:
         raise UnsupportedSessionError(f"no session backend named {ref.backend!r} is configured")
@@ -99,6 +110,8 @@ async def reopen(ref: SessionRef) -> AsyncIterator[object | None]:
             await session.close()
         return
     if ref.backend == "openai_conversations":
-        yield OpenAIConversationsSession(conversation_id=ref.session_id)
+        yield OpenAIConversationsSession(
+            conversation_id=ref.session_id, openai_client=openai_client()
+        )
         return
     yield _open_custom(ref)

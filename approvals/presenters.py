@@ -139,6 +139,21 @@ def _entries_from_input_item(item: Any) -> list[Entry]:
     return []
 
 
+def entries_from_items(items: list) -> list[Entry]:
+    """A session's items (SDK input items) as entries for a person."""
+    entries: list[Entry] = []
+    for item in items:
+        if (
+            isinstance(item, dict)
+            and item.get("type") == "message"
+            and item.get("role") == "assistant"
+        ):
+            entries.append(Entry("assistant", _text_of(item.get("content"))))
+        else:
+            entries.extend(_entries_from_input_item(item))
+    return entries
+
+
 def stored_call_arguments(state_json: dict, call_id: str) -> str | None:
     """The raw argument string of the pending call with this id, as the worker will run it."""
     for item in state_json.get("generated_items") or []:

@@ -272,6 +272,13 @@ def pause_run(
             created_at=now,
             updated_at=now,
         )
+        if ref.backend == "openai_conversations":
+            from sessions_admin.models import ConversationRecord
+
+            # The Conversations API cannot list conversations; the sessions admin reads this.
+            ConversationRecord.objects.update_or_create(
+                tenant=tenant, conversation_id=ref.session_id, defaults={"last_seen": now}
+            )
         # The blob's associated data names the run, so the row must exist before sealing.
         _seal_state(run, payload, generation=1)
         run.save(update_fields=["state_key_id", "state_nonce", "state_ciphertext"])

@@ -206,10 +206,17 @@ APPROVALS_RESUME_GRACE_SECONDS = env_int("APPROVALS_RESUME_GRACE_SECONDS", 300)
 APPROVALS_MAX_ATTEMPTS = env_int("APPROVALS_MAX_ATTEMPTS", 5, minimum=1)
 # With the in-memory channel layer, each web process reads new audit events this often.
 APPROVALS_LIVE_POLL_SECONDS = 0.5
-APPROVALS_SQLITE_SESSION_DIR = BASE_DIR / "var" / "sessions"
+# Agent sessions: SQLite files are <dir>/<tenant>.sqlite3; Redis keys live under <prefix>:<tenant>.
+APPROVALS_SQLITE_SESSION_DIR = Path(
+    env_str("APPROVALS_SQLITE_SESSION_DIR", str(BASE_DIR / "var" / "sessions"))
+)
+APPROVALS_REDIS_SESSION_PREFIX = env_str("APPROVALS_REDIS_SESSION_PREFIX", "agents:session")
+APPROVALS_SESSION_OPENERS = {"django": "sessions_admin.orm_session.open_for_console"}
 APPROVALS_DEMO_EFFECT_LOG = Path(
     env_str("APPROVALS_DEMO_EFFECT_LOG", str(BASE_DIR / "var" / "demo-effects.log"))
 )
 
 OPENAI_API_KEY = env_str("OPENAI_API_KEY")
 APPROVALS_OPENAI_MODEL = env_str("APPROVALS_OPENAI_MODEL", "gpt-4.1-mini")
+# Another endpoint for the OpenAI API (a proxy, or a local fake in tests).
+APPROVALS_OPENAI_BASE_URL = env_str("OPENAI_BASE_URL")

@@ -12,5 +12,6 @@ urlpatterns = [
         name="login",
     ),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("sessions/", include("sessions_admin.urls")),
     path("", include("approvals.urls")),
 ]

@@ -19,6 +19,7 @@ from approvals.models import (
     Ticket,
     TicketStatus,
 )
+from sessions_admin.models import StoredSession
 from tests.factories import TenantFactory, member, paused_run
 
 pytestmark = pytest.mark.django_db
@@ -34,6 +35,8 @@ def _fast_password_hasher(settings):
 def session_dir(tmp_path, settings):
     """seed_demo writes SQLite sessions; keep them out of the shared var/ directory."""
     settings.APPROVALS_SQLITE_SESSION_DIR = tmp_path / "sessions"
+    # Redis sessions are seeded only with REDIS_URL; these counts are for the other stores.
+    settings.REDIS_URL = ""
     return settings.APPROVALS_SQLITE_SESSION_DIR
 
 
@@ -59,6 +62,8 @@ def _counts() -> dict[str, int]:
 # --- seed_demo ------------------------------------------------------------------------------
 
 
+# The ORM sessions it seeds are written from a worker thread, so the data must be committed.
+@pytest.mark.django_db(transaction=True)
 def test_seed_demo_creates_tenants_users_and_paused_runs(session_dir):
     out = StringIO()
 
@@ -74,10 +79,14 @@ def test_seed_demo_creates_tenants_users_and_paused_runs(session_dir):
         "pending tickets": 4,
         "audit events": 8,
     }
-    assert out.getvalue().splitlines()[0] == "demo data ready (4 new paused runs)"
+    assert out.getvalue().splitlines()[0] == "demo data ready (4 new paused runs, 16 new sessions)"
+    # Four ORM sessions and four SQLite sessions per tenant, no Redis without REDIS_URL.
+    assert StoredSession.objects.count() == 8
     assert sorted(Tenant.objects.values_list("slug", flat=True)) == ["acme", "globex"]
 
 
+# The ORM sessions it seeds are written from a worker thread, so the data must be committed.
+@pytest.mark.django_db(transaction=True)
 def test_seed_demo_twice_changes_nothing_the_second_time(session_dir):
     call_command("seed_demo", stdout=StringIO())
     first = _counts()
@@ -86,9 +95,11 @@ def test_seed_demo_twice_changes_nothing_the_second_time(session_dir):
     call_command("seed_demo", stdout=out)
 
     assert _counts() == first
-    assert out.getvalue().splitlines()[0] == "demo data ready (0 new paused runs)"
+    assert out.getvalue().splitlines()[0] == "demo data ready (0 new paused runs, 0 new sessions)"
 
 
+# The ORM sessions it seeds are written from a worker thread, so the data must be committed.
+@pytest.mark.django_db(transaction=True)
 def test_seed_demo_requester_is_the_run_requester(session_dir):
     call_command("seed_demo", stdout=StringIO())
 

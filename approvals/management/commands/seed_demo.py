@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sqlite3
+from datetime import timedelta
 
 from agents import Runner
 from agents.memory import SQLiteSession
@@ -11,9 +13,13 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
 from django.db import transaction
+from django.utils import timezone
 
 from approvals import registry, services
 from approvals.models import Membership, Role, Run, Tenant
+from sessions_admin.models import StoredItem, StoredSession
+from sessions_admin.orm_session import DjangoSession
+from sessions_admin.stores import redis_prefix, sqlite_path
 
 DEMO_PASSWORD = "demo-pass-2026"
 TENANTS = {"acme": "Acme Corp", "globex": "Globex"}
@@ -66,7 +72,7 @@ class Command(BaseCommand):
             if Run.objects.filter(tenant=tenant, agent_key=agent_key, title=prompt).exists():
                 continue
             requester = User.objects.get(username=f"{slug}-requester")
-            session = SQLiteSession(f"demo-{slug}-{index}", session_dir / "demo.sqlite3")
+            session = SQLiteSession(f"demo-{slug}-{index}", sqlite_path(tenant))
             try:
                 agent = registry.get_spec(agent_key, "1").build()
                 # The deploy token is a runtime dependency: the release agent's context
@@ -88,9 +94,85 @@ class Command(BaseCommand):
                 session.close()
             created_runs += 1
 
-        self.stdout.write(f"demo data ready ({created_runs} new paused runs)")
+        seeded_sessions = sum(_seed_sessions(tenant) for tenant in tenants.values())
+
+        self.stdout.write(
+            f"demo data ready ({created_runs} new paused runs, {seeded_sessions} new sessions)"
+        )
         self.stdout.write(f"  password for every demo user: {DEMO_PASSWORD}")
         for slug in TENANTS:
             names = ", ".join(f"{slug}-{suffix} ({role})" for suffix, role in USERS.items())
             self.stdout.write(f"  {slug}: {names}")
         self.stdout.write("  admin (Django admin superuser)")
+
+
+def _conversation(topic: str) -> list[dict]:
+    return [
+        {"role": "user", "content": f"Question about {topic}"},
+        {
+            "type": "message",
+            "role": "assistant",
+            "content": [{"type": "output_text", "text": f"Here is what I know about {topic}."}],
+        },
+    ]
+
+
+# session id -> idle days; "test-" ones are what an admin purges in the demo.
+DEMO_SESSIONS = {"support-1001": 0, "test-smoke-1": 10, "test-smoke-2": 12, "test-fresh-1": 0}
+
+
+def _seed_sessions(tenant: Tenant) -> int:
+    """Sessions in the ORM, the tenant's SQLite file and (with REDIS_URL) Redis. Idempotent."""
+    created = 0
+    now = timezone.now()
+    for session_id, idle_days in DEMO_SESSIONS.items():
+        if not StoredSession.objects.filter(tenant=tenant, session_id=session_id).exists():
+            asyncio.run(
+                DjangoSession(session_id, tenant=tenant).add_items(_conversation(session_id))
+            )
+            then = now - timedelta(days=idle_days)
+            StoredSession.objects.filter(tenant=tenant, session_id=session_id).update(
+                created_at=then, updated_at=then
+            )
+            StoredItem.objects.filter(
+                session__tenant=tenant, session__session_id=session_id
+            ).update(created_at=then)
+            created += 1
+        sqlite_id = f"{session_id}-sqlite"
+        path = sqlite_path(tenant)
+        session = SQLiteSession(sqlite_id, path)
+        try:
+            if not asyncio.run(session.get_items(limit=1)):
+                asyncio.run(session.add_items(_conversation(sqlite_id)))
+                created += 1
+                stamp = (now - timedelta(days=idle_days)).strftime("%Y-%m-%d %H:%M:%S")
+                with sqlite3.connect(path) as connection:
+                    connection.execute(
+                        "UPDATE agent_sessions SET created_at = ?, updated_at = ? WHERE session_id = ?",
+                        (stamp, stamp, sqlite_id),
+                    )
+                    connection.execute(
+                        "UPDATE agent_messages SET created_at = ? WHERE session_id = ?",
+                        (stamp, sqlite_id),
+                    )
+        finally:
+            session.close()
+    if settings.REDIS_URL:
+        from agents.extensions.memory import RedisSession
+
+        async def seed_redis() -> int:
+            added = 0
+            for session_id in ("support-2001", "test-redis-1"):
+                redis_session = RedisSession.from_url(
+                    session_id, url=settings.REDIS_URL, key_prefix=redis_prefix(tenant)
+                )
+                try:
+                    if not await redis_session.get_items(limit=1):
+                        await redis_session.add_items(_conversation(session_id))
+                        added += 1
+                finally:
+                    await redis_session.close()
+            return added
+
+        created += asyncio.run(seed_redis())
+    return created

@@ -5,10 +5,11 @@ from __future__ import annotations
 import asyncio
 
 import factory
-from agents import Runner
+from agents import Agent, Runner
+from agents.testing import ScriptedModel, assistant_message, function_call
 from django.contrib.auth import get_user_model
 
-from approvals import registry, services
+from approvals import demo, registry, services
 from approvals.models import Membership, Role, Run, Tenant
 
 PASSWORD = "test-pass-123"
@@ -64,4 +65,21 @@ def paused_run(
         agent_version="1",
         requested_by=requested_by,
         session=session,
+    )
+
+
+def two_call_agent() -> Agent:
+    """The release agent's tools, with a model that asks for both deployments in one turn."""
+    calls = [
+        function_call(
+            "deploy_release",
+            {"release": "2026.07.24", "environment": environment},
+            call_id=f"call_deploy_2026.07.24_{environment}",
+        )
+        for environment in ("staging", "production")
+    ]
+    return Agent(
+        name="release",
+        model=ScriptedModel([calls, [assistant_message("done")]]),
+        tools=[demo.deploy_release],
     )

@@ -5,14 +5,19 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from agents import Agent
-from agents.testing import ScriptedModel, assistant_message, function_call
 from django.utils import timezone
 from django_tasks_db.models import DBTaskResult
 
-from approvals import demo, services
+from approvals import services
 from approvals.models import AuditEvent, Membership, Role, Run, RunStatus, Ticket, TicketStatus
-from tests.factories import TenantFactory, UserFactory, member, paused_run, run_agent
+from tests.factories import (
+    TenantFactory,
+    UserFactory,
+    member,
+    paused_run,
+    run_agent,
+    two_call_agent,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -25,23 +30,6 @@ def _fast_passwords(settings):
 
 TASK_PATH = "approvals.tasks.resume_run_task"
 PROMPT = "Deploy release 2026.07.24 to staging and production"
-
-
-def two_call_agent() -> Agent:
-    """The release agent's tools, with a model that asks for both deployments in one turn."""
-    calls = [
-        function_call(
-            "deploy_release",
-            {"release": "2026.07.24", "environment": environment},
-            call_id=f"call_deploy_2026.07.24_{environment}",
-        )
-        for environment in ("staging", "production")
-    ]
-    return Agent(
-        name="release",
-        model=ScriptedModel([calls, [assistant_message("done")]]),
-        tools=[demo.deploy_release],
-    )
 
 
 def two_ticket_run(tenant, requester) -> tuple[Run, Ticket, Ticket]:

@@ -9,17 +9,15 @@ import threading
 from dataclasses import dataclass
 
 import pytest
-from agents import Agent
 from agents.memory import SQLiteSession
 from agents.run_state import CURRENT_SCHEMA_VERSION
-from agents.testing import ScriptedModel, assistant_message, function_call
 from django.conf import settings
 
 from approvals import crypto, demo, registry, services
 from approvals.agent_sessions import UnsupportedSessionError
 from approvals.canonical import arguments_digest
 from approvals.models import AuditEvent, Run, RunStatus, Ticket, TicketStatus
-from tests.factories import TenantFactory, member, paused_run, run_agent
+from tests.factories import TenantFactory, member, paused_run, run_agent, two_call_agent
 
 pytestmark = pytest.mark.django_db
 
@@ -32,23 +30,6 @@ def _fast_passwords(settings):
 
 PROMPT = "Deploy release 2026.07.24 to staging and production"
 SECRET = "sk-" + "A1b2C3d4E5f6G7h8I9j0"
-
-
-def two_call_agent() -> Agent:
-    """A release agent whose model asks for both deployments in one turn (two interruptions)."""
-    calls = [
-        function_call(
-            "deploy_release",
-            {"release": "2026.07.24", "environment": environment},
-            call_id=f"call_deploy_2026.07.24_{environment}",
-        )
-        for environment in ("staging", "production")
-    ]
-    return Agent(
-        name="release",
-        model=ScriptedModel([calls, [assistant_message("done")]]),
-        tools=[demo.deploy_release],
-    )
 
 
 def assert_nothing_written() -> None:

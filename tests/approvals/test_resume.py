@@ -7,9 +7,7 @@ import json
 from datetime import timedelta
 
 import pytest
-from agents import Agent
 from agents.memory import SQLiteSession
-from agents.testing import ScriptedModel, assistant_message, function_call
 from django.utils import timezone
 
 from approvals import agent_sessions, demo, services
@@ -25,7 +23,7 @@ from approvals.models import (
     Ticket,
     TicketStatus,
 )
-from tests.factories import TenantFactory, member, paused_run, run_agent
+from tests.factories import TenantFactory, member, paused_run, run_agent, two_call_agent
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -234,23 +232,6 @@ def test_resume_second_pause_rejected_runs_only_the_first_effect():
     assert [e["environment"] for e in demo.read_effects()] == ["staging"]
     assert Run.objects.get(pk=run.pk).final_output == (
         f"Release 2026.07.24: Release 2026.07.24 is live on staging. {DENIED}"
-    )
-
-
-def two_call_agent() -> Agent:
-    """The release agent's tools, with a model that asks for both deployments in one turn."""
-    calls = [
-        function_call(
-            "deploy_release",
-            {"release": "2026.07.24", "environment": environment},
-            call_id=f"call_deploy_2026.07.24_{environment}",
-        )
-        for environment in ("staging", "production")
-    ]
-    return Agent(
-        name="release",
-        model=ScriptedModel([calls, [assistant_message("done")]]),
-        tools=[demo.deploy_release],
     )
 
 

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 from django.http import HttpRequest, HttpResponse
+
+logger = logging.getLogger(__name__)
 
 # No inline script or style anywhere in the console: everything comes from /static/.
 CONSOLE_CSP = "; ".join(
@@ -37,4 +40,37 @@ class SecurityHeadersMiddleware:
         response.headers.setdefault(
             "Permissions-Policy", "camera=(), microphone=(), geolocation=()"
         )
+        return response
+
+
+class DatabaseUnavailableMiddleware:
+    """A lost database connection answers 503 with what to do, not a 500 with a traceback.
+
+    Every write runs in a transaction, so a request that fails this way has changed nothing.
+    """
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        return self.get_response(request)
+
+    def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
+        from django.db import InterfaceError, OperationalError, connection
+        from django.shortcuts import render
+
+        if not isinstance(exception, OperationalError | InterfaceError):
+            return None
+        logger.warning(
+            "database unavailable during %s %s: %s", request.method, request.path, exception
+        )
+        # Drop the broken connection so the next request opens a fresh one.
+        connection.close_if_unusable_or_obsolete()
+        response = render(
+            request,
+            "approvals/unavailable.html",
+            {"reason": "The database did not answer. Nothing was changed; try again in a moment."},
+            status=503,
+        )
+        response["Retry-After"] = "5"
         return response

@@ -77,6 +77,7 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
     "approvals.middleware.SecurityHeadersMiddleware",
+    "approvals.middleware.DatabaseUnavailableMiddleware",
     # Last, as django-axes asks: it turns a locked-out sign-in into a clear 429 page.
     "axes.middleware.AxesMiddleware",
 ]

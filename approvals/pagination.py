@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import json
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from django.db.models import Q, QuerySet
@@ -27,13 +27,21 @@ def decode(cursor: str, kinds: tuple[type, ...]) -> list[Any]:
         if not isinstance(values, list) or len(values) != len(kinds):
             raise ValueError
         return [
-            datetime.fromisoformat(v) if kind is datetime else kind(v)
+            _aware(v) if kind is datetime else kind(v)
             for v, kind in zip(values, kinds, strict=True)
         ]
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, OverflowError):
         raise BadCursor(
             "that page link is broken or out of date; start again from the first page"
         ) from None
+
+
+def _aware(text: str) -> datetime:
+    value = datetime.fromisoformat(text)
+    if value.tzinfo is None:
+        raise ValueError("a cursor time must carry its timezone")
+    # Raises OverflowError for times at the edges of the range, which no real row has.
+    return value.astimezone(UTC)
 
 
 @dataclass

@@ -6,7 +6,7 @@ from __future__ import annotations
 import csv
 import json
 from collections.abc import Iterator
-from datetime import UTC, datetime, time, timedelta
+from datetime import UTC, date, datetime, time, timedelta
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
@@ -222,7 +222,8 @@ def _ticket_context(request: HttpRequest, ticket: Ticket, membership: Membership
         "previous": previous,
         "changes": changes,
         "expired": expired,
-        "may_decide": may_decide and (check is None or check.ok),
+        # Rejecting stays possible when the digest fails; only approving needs a verified call.
+        "may_decide": may_decide,
         "may_approve": may_decide
         and (check is not None and check.ok)
         and not ticket.is_requested_by(request.user),
@@ -399,7 +400,7 @@ def _filtered_events(tenants: dict[int, Tenant], filters: dict) -> QuerySet[Audi
         events = events.filter(outcome=filters["outcome"])
     if filters.get("since"):
         events = events.filter(created_at__gte=datetime.combine(filters["since"], time.min, UTC))
-    if filters.get("until"):
+    if filters.get("until") and filters["until"] < date.max:
         # "until" is inclusive: everything before the start of the next day.
         end = datetime.combine(filters["until"] + timedelta(days=1), time.min, UTC)
         events = events.filter(created_at__lt=end)

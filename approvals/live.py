@@ -4,7 +4,9 @@ Two deliveries, one per deployment mode:
 - with a shared channel layer (Redis), whoever commits a change sends the hint, after commit;
 - with the default in-memory layer, which cannot cross processes, each web process tails the
   audit log (every change writes an audit event in its own transaction) and hints its own
-  sockets. A hint that is lost costs at most a poll interval, never a wrong page.
+  sockets.
+A socket only hears of changes after it opens, so pages re-read their live parts whenever their
+socket (re)connects; after that, a lost hint costs at most a poll interval, never a wrong page.
 """
 
 from __future__ import annotations

@@ -337,11 +337,13 @@ def _timeline(run: Run) -> list[dict]:
 @require_GET
 def run_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     run, membership = _get_run_for_user(request, pk)
+    tickets = list(run.tickets.select_related("decided_by").order_by("pk"))
     context = {
         "run": run,
         "membership": membership,
         "timeline": _timeline(run),
-        "tickets": list(run.tickets.select_related("decided_by").order_by("pk")),
+        "tickets": tickets,
+        "rejected": [t for t in tickets if t.status == TicketStatus.REJECTED],
         "doubtful": services.in_doubt_effects(run)
         if run.status == RunStatus.NEEDS_ATTENTION
         else [],

@@ -46,3 +46,16 @@ def now_expiry(expires_at: datetime) -> str:
     from django.utils import timezone
 
     return expiry(expires_at, timezone.now())
+
+
+@register.filter
+def ago(value: datetime) -> str:
+    """ "just now", "5 minutes ago", "2 days, 3 hours ago"."""
+    from django.utils import timezone
+    from django.utils.timesince import timesince
+
+    if value is None:
+        return ""
+    if (timezone.now() - value).total_seconds() < 60:
+        return "just now"
+    return f"{timesince(value)} ago"

@@ -13,7 +13,12 @@
     status.title = state === "open" ? "Live updates are on" : "Live updates are off: reload the page to see changes";
   }
   let refreshTimer = null;
-  body.addEventListener("htmx:wsOpen", () => setLive("open", "Live"));
+  body.addEventListener("htmx:wsOpen", () => {
+    setLive("open", "Live");
+    // Whatever changed between drawing the page and this socket opening (or while it was
+    // reconnecting) was not hinted to us: re-read once now.
+    body.dispatchEvent(new CustomEvent("console:changed"));
+  });
   body.addEventListener("htmx:wsClose", () => setLive("closed", "Offline: reload to refresh"));
   body.addEventListener("htmx:wsError", () => setLive("closed", "Offline: reload to refresh"));
   body.addEventListener("htmx:wsAfterMessage", () => {

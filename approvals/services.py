@@ -23,7 +23,7 @@ from agents.exceptions import UserError
 from agents.run_state import CURRENT_SCHEMA_VERSION, SUPPORTED_SCHEMA_VERSIONS
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
@@ -300,6 +300,26 @@ def pause_run(
     return run
 
 
+# --- the queue ------------------------------------------------------------------------------
+
+WAKE_CHANNEL = "approvals_resume"
+
+
+def enqueue_resume(run_id: int) -> None:
+    """Queue the run's resume in the caller's transaction, and wake a worker when it commits.
+
+    The task row lives in the same database, so it commits or rolls back with the decision.
+    On PostgreSQL a NOTIFY (also transactional: delivered only on commit) wakes a listening
+    worker at once; a lost notification costs one poll interval, as the worker still polls.
+    """
+    from approvals.tasks import resume_run_task
+
+    resume_run_task.enqueue(run_id)
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(f"NOTIFY {WAKE_CHANNEL}")
+
+
 # --- deciding ---------------------------------------------------------------------------------
 
 
@@ -335,8 +355,6 @@ def decide(
         raise NotAllowedError(f"the {membership.role} role cannot decide tickets")
     if approve and ticket.is_requested_by(user):
         raise SelfApprovalError("you requested this call, so someone else must approve it")
-    from approvals.tasks import resume_run_task
-
     with transaction.atomic():
         # The run's lock orders decisions on one run, so exactly one of them sees "all decided".
         run = Run.objects.select_for_update().get(pk=ticket.run_id)
@@ -380,7 +398,7 @@ def decide(
         ).exists()
         if not still_pending and run.status == RunStatus.PAUSED:
             Run.objects.filter(pk=run.pk).update(status=RunStatus.QUEUED, updated_at=now)
-            resume_run_task.enqueue(run.pk)
+            enqueue_resume(run.pk)
             audit.append(
                 tenant_id=run.tenant_id,
                 action="run.queued",
@@ -784,8 +802,6 @@ def reap(*, now=None) -> ReapReport:
     is harmless: the claim lets one through); runs with a pending ticket past its expiry become
     expired and their pending tickets expired. Audit events and live hints for each.
     """
-    from approvals.tasks import resume_run_task
-
     now = now or timezone.now()
     report = ReapReport()
     stale = now - timedelta(seconds=settings.APPROVALS_LEASE_SECONDS)
@@ -799,7 +815,7 @@ def reap(*, now=None) -> ReapReport:
             ).update(status=RunStatus.QUEUED, lease_owner="", lease_expires_at=None, updated_at=now)
             if not moved:
                 continue
-            resume_run_task.enqueue(run_id)
+            enqueue_resume(run_id)
             audit.append(
                 tenant_id=run.tenant_id,
                 action="run.requeued",
@@ -817,7 +833,7 @@ def reap(*, now=None) -> ReapReport:
             if Run.objects.filter(pk=run_id, status=RunStatus.QUEUED, updated_at__lt=stale).update(
                 updated_at=now
             ):
-                resume_run_task.enqueue(run_id)
+                enqueue_resume(run_id)
                 report.reenqueued.append(run_id)
     expired_run_ids = (
         Ticket.objects.filter(status=TicketStatus.PENDING, expires_at__lte=now)
@@ -895,8 +911,6 @@ def resolve(run: Run, *, user, resolution: str, note: str = "") -> Run:
     Side effects, in one transaction: ledger rows, the run's status, a resume task when queued,
     audit event run.resolved; after commit, live hints. Raises ResolutionError, writing nothing.
     """
-    from approvals.tasks import resume_run_task
-
     membership = membership_for(user, run.tenant_id)
     if membership is None or membership.role != Role.ADMIN:
         raise ResolutionError("only an admin of this tenant can resolve a run")
@@ -933,7 +947,7 @@ def resolve(run: Run, *, user, resolution: str, note: str = "") -> Run:
             locked.status = RunStatus.QUEUED
             locked.status_reason = ""
             locked.attempts = 0
-            resume_run_task.enqueue(locked.pk)
+            enqueue_resume(locked.pk)
         locked.updated_at = now
         locked.save(
             update_fields=["status", "status_reason", "finished_at", "attempts", "updated_at"]

@@ -1,13 +1,16 @@
-"""The console's worker: django-tasks-db's db_worker plus the reaper on a timer.
+"""The console's worker: django-tasks-db's db_worker, woken by NOTIFY, plus the reaper.
 
-db_worker has no lease: a worker killed mid-task leaves its task RUNNING forever. The reaper
-thread is what brings such runs back, so every worker process runs one (they are safe together).
+db_worker polls on a timer and has no lease: a worker killed mid-task leaves its task RUNNING
+forever. So every worker process also runs the reaper (they are safe together), and on
+PostgreSQL it LISTENs for the NOTIFY that each enqueue sends on commit, so an approved run
+starts at once instead of at the next poll. Polling stays as the fallback.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 
 from django.conf import settings
 from django.core.management import call_command
@@ -36,14 +39,67 @@ def _reaper_loop(interval: float, stop: threading.Event) -> None:
             connection.close()
 
 
+class Listener:
+    """Waits for a NOTIFY on the wake channel, or the poll interval, whichever comes first."""
+
+    def __init__(self) -> None:
+        self.conn = None
+
+    def _connect(self):
+        import psycopg
+
+        params = connection.get_connection_params()
+        params.pop("cursor_factory", None)
+        params.pop("context", None)
+        conn = psycopg.connect(**params, autocommit=True)
+        conn.execute(f"LISTEN {services.WAKE_CHANNEL}")
+        return conn
+
+    def wait(self, seconds: float) -> None:
+        try:
+            if self.conn is None or self.conn.closed:
+                self.conn = self._connect()
+            for _ in self.conn.notifies(timeout=seconds, stop_after=1):
+                break
+        except Exception:
+            # A broken listen connection only costs the poll interval; try again next time.
+            logger.warning("worker: LISTEN failed, polling instead", exc_info=True)
+            if self.conn is not None:
+                self.conn.close()
+            self.conn = None
+            time.sleep(seconds)
+
+
+class _WakingClock:
+    """Stands in for the time module inside db_worker: its sleep() returns early on NOTIFY."""
+
+    def __init__(self, listener: Listener) -> None:
+        self.sleep = listener.wait
+
+    def __getattr__(self, name: str):
+        return getattr(time, name)
+
+
 class Command(BaseCommand):
-    help = "Run resume tasks (db_worker) with the reaper in the same process."
+    help = "Run resume tasks (db_worker, woken by NOTIFY on PostgreSQL) with the reaper."
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("--interval", type=float, default=1.0, help="seconds between polls")
         parser.add_argument("--worker-id", default=None)
+        parser.add_argument("--max-tasks", type=int, default=None)
+        parser.add_argument(
+            "--no-listen", action="store_true", help="poll only, even on PostgreSQL"
+        )
 
-    def handle(self, *args, interval: float, worker_id: str | None, **options) -> None:
+    def handle(
+        self,
+        *args,
+        interval: float,
+        worker_id: str | None,
+        max_tasks: int | None,
+        no_listen: bool,
+        **options,
+    ) -> None:
         stop = threading.Event()
         reaper = threading.Thread(
             target=_reaper_loop,
@@ -52,9 +108,15 @@ class Command(BaseCommand):
             daemon=True,
         )
         reaper.start()
+        if connection.vendor == "postgresql" and not no_listen:
+            from django_tasks_db.management.commands import db_worker
+
+            db_worker.time = _WakingClock(Listener())
         extra = {"worker_id": worker_id} if worker_id else {}
+        if max_tasks:
+            extra["max_tasks"] = max_tasks
         try:
             # No autoreload: a reloaded worker would leave its task RUNNING mid-resume.
-            call_command("db_worker", interval=interval, reload=False, **extra)
+            call_command("db_worker", interval=interval, reload=False, startup_delay=False, **extra)
         finally:
             stop.set()

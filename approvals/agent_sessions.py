@@ -110,8 +110,12 @@ async def reopen(ref: SessionRef) -> AsyncIterator[object | None]:
             await session.close()
         return
     if ref.backend == "openai_conversations":
-        yield OpenAIConversationsSession(
-            conversation_id=ref.session_id, openai_client=openai_client()
-        )
+        client = openai_client()
+        try:
+            yield OpenAIConversationsSession(conversation_id=ref.session_id, openai_client=client)
+        finally:
+            # Only a client made here is closed; the SDK's default client is shared.
+            if client is not None:
+                await client.close()
         return
     yield _open_custom(ref)

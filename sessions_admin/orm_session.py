@@ -11,7 +11,7 @@ from typing import Any
 
 from agents.memory.session import SessionABC
 from asgiref.sync import sync_to_async
-from django.db import transaction
+from django.db import connections, transaction
 from django.utils import timezone
 
 from approvals.models import Tenant
@@ -91,22 +91,34 @@ class DjangoSession(SessionABC):
     # --- the SDK's protocol ---
 
     async def get_items(self, limit: int | None = None) -> list[Any]:
-        return await sync_to_async(self._get, thread_sensitive=False)(limit)
+        return await _in_worker_thread(self._get)(limit)
 
     async def add_items(self, items: list[Any]) -> None:
-        await sync_to_async(self._add, thread_sensitive=False)(items)
+        await _in_worker_thread(self._add)(items)
 
     async def pop_item(self) -> Any | None:
-        return await sync_to_async(self._pop, thread_sensitive=False)()
+        return await _in_worker_thread(self._pop)()
 
     async def clear_session(self) -> None:
-        await sync_to_async(self._clear, thread_sensitive=False)()
+        await _in_worker_thread(self._clear)()
 
     # --- how the approval console records and reopens it ---
 
     def describe_for_console(self) -> tuple[str, str, str]:
         slug = self._tenant.slug if isinstance(self._tenant, Tenant) else self._tenant
         return ("django", self.session_id, slug)
+
+
+def _in_worker_thread(func):
+    """func in a worker thread, whose database connection is closed before the thread is reused."""
+
+    def run(*args: Any) -> Any:
+        try:
+            return func(*args)
+        finally:
+            connections.close_all()
+
+    return sync_to_async(run, thread_sensitive=False)
 
 
 def _dump(value: Any) -> Any:

@@ -73,6 +73,8 @@ def parse_age(text: str) -> timedelta:
     if len(text) < 2 or text[-1] not in _AGE or not text[:-1].isdigit():
         raise ValueError(f"{text!r} is not an age: use a number and m, h, d or w, such as 7d")
     value = int(text[:-1])
+    if value < 1:
+        raise ValueError(f"{text!r} is no age at all: use at least 1")
     if value > 100000:
         raise ValueError(f"{text!r} is too long ago")
     return timedelta(seconds=value * _AGE[text[-1]])
@@ -360,31 +362,48 @@ class ConversationsStore:
         ]
         return [i for i in infos if filters.matches(i)]
 
-    def _session(self, session_id: str):
+    def _call(self, session_id: str, work):
+        """work(session) on a conversations session whose client, if this call made it, is closed."""
         from agents.memory import OpenAIConversationsSession
 
-        return OpenAIConversationsSession(conversation_id=session_id, openai_client=self._client())
+        async def go():
+            client = self._client()
+            try:
+                return await work(
+                    OpenAIConversationsSession(conversation_id=session_id, openai_client=client)
+                )
+            finally:
+                if client is not None:
+                    await client.close()
+
+        try:
+            return asyncio.run(go())
+        except StoreUnavailable:
+            raise
+        except Exception as error:
+            raise StoreUnavailable(f"OpenAI Conversations: {error}") from None
 
     def items(self, tenant: Tenant, session_id: str) -> list[Any]:
         if not ConversationRecord.objects.filter(
             tenant=tenant, conversation_id=session_id
         ).exists():
             raise SessionMissing(session_id)
-        try:
-            return asyncio.run(self._session(session_id).get_items())
-        except StoreUnavailable:
-            raise
-        except Exception as error:
-            raise StoreUnavailable(f"OpenAI Conversations: {error}") from None
+        return self._call(session_id, lambda session: session.get_items())
 
     def clear(self, tenant: Tenant, session_id: str) -> int:
-        items = self.items(tenant, session_id)
-        try:
-            asyncio.run(self._session(session_id).clear_session())
-        except Exception as error:
-            raise StoreUnavailable(f"OpenAI Conversations: {error}") from None
+        if not ConversationRecord.objects.filter(
+            tenant=tenant, conversation_id=session_id
+        ).exists():
+            raise SessionMissing(session_id)
+
+        async def clear(session) -> int:
+            count = len(await session.get_items())
+            await session.clear_session()
+            return count
+
+        count = self._call(session_id, clear)
         ConversationRecord.objects.filter(tenant=tenant, conversation_id=session_id).delete()
-        return len(items)
+        return count
 
 
 STORES = {

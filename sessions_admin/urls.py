@@ -10,6 +10,7 @@ urlpatterns = [
     path("", views.session_list, name="list"),
     path("purge/", views.purge_preview, name="purge"),
     path("purge/confirm/", views.purge_confirm, name="purge-confirm"),
-    path("<str:store>/<slug:tenant>/<path:session_id>/clear/", views.session_clear, name="clear"),
-    path("<str:store>/<slug:tenant>/<path:session_id>/", views.session_detail, name="detail"),
+    # The session id travels as ?id=: ids are arbitrary text (even empty, or ending in /clear).
+    path("<str:store>/<slug:tenant>/", views.session_detail, name="detail"),
+    path("<str:store>/<slug:tenant>/clear/", views.session_clear, name="clear"),
 ]

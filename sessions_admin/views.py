@@ -110,6 +110,13 @@ def session_list(request: HttpRequest) -> HttpResponse:
     return render(request, "sessions_admin/list.html", context, status=200 if listing else 400)
 
 
+def _session_id(request: HttpRequest) -> str:
+    session_id = request.GET.get("id")
+    if session_id is None or len(session_id) > 255:
+        raise Http404("No such session.")
+    return session_id
+
+
 def _load(store_name: str, tenant: Tenant, session_id: str):
     try:
         store = get_store(store_name)
@@ -125,8 +132,9 @@ def _load(store_name: str, tenant: Tenant, session_id: str):
 
 @login_required
 @require_GET
-def session_detail(request: HttpRequest, store: str, tenant: str, session_id: str) -> HttpResponse:
+def session_detail(request: HttpRequest, store: str, tenant: str) -> HttpResponse:
     tenant_row = _get_tenant_for_admin(request, tenant)
+    session_id = _session_id(request)
     store_obj, items, problem = _load(store, tenant_row, session_id)
     context = {
         "store": store_obj,
@@ -142,8 +150,9 @@ def session_detail(request: HttpRequest, store: str, tenant: str, session_id: st
 
 @login_required
 @require_http_methods(["GET", "POST"])
-def session_clear(request: HttpRequest, store: str, tenant: str, session_id: str) -> HttpResponse:
+def session_clear(request: HttpRequest, store: str, tenant: str) -> HttpResponse:
     tenant_row = _get_tenant_for_admin(request, tenant)
+    session_id = _session_id(request)
     store_obj, items, problem = _load(store, tenant_row, session_id)
     if request.method == "POST" and not problem:
         try:

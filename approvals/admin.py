@@ -57,6 +57,10 @@ class RunAdmin(admin.ModelAdmin):
     ]
     inlines = [TicketInline]
 
+    # Status changes go through the services (compare-and-set, checks, audit), never a form.
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
     @admin.display(description="Encrypted state (bytes)")
     def blob_size(self, obj: Run) -> int:
         return len(obj.state_ciphertext or b"")
@@ -87,6 +91,11 @@ class TicketAdmin(admin.ModelAdmin):
         "requested_by",
         "created_at",
     ]
+
+    # A decision is made in the console (compare-and-set, self-approval check, audit), never
+    # by editing the row here.
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
 
 
 @admin.register(AuditEvent)

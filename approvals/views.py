@@ -17,6 +17,7 @@ from django.http import (
     HttpRequest,
     HttpResponse,
     HttpResponseBadRequest,
+    HttpResponseRedirect,
     StreamingHttpResponse,
 )
 from django.shortcuts import redirect, render
@@ -557,6 +558,9 @@ def switch_tenant(request: HttpRequest) -> HttpResponse:
         return HttpResponseBadRequest("You are not a member of that tenant.")
     request.session["console_tenant"] = form.cleaned_data["tenant"]
     target = form.cleaned_data["next"] or reverse("approvals:queue")
-    if not url_has_allowed_host_and_scheme(target, {request.get_host()}, request.is_secure()):
+    # Only a path on this site; redirect() would also try a bare word as a view name.
+    if not target.startswith("/") or not url_has_allowed_host_and_scheme(
+        target, {request.get_host()}, request.is_secure()
+    ):
         target = reverse("approvals:queue")
-    return redirect(target)
+    return HttpResponseRedirect(target)

@@ -118,7 +118,11 @@ REDIS_URL = env_str("REDIS_URL")
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
-        "CONFIG": {"hosts": [REDIS_URL]},
+        # channels-redis blocks up to 5 s reading a channel and redis-py's default socket
+        # timeout is also 5 s: without room between them idle socket reads time out.
+        "CONFIG": {
+            "hosts": [{"address": REDIS_URL, "socket_timeout": 15, "socket_connect_timeout": 3}]
+        },
     }
     if REDIS_URL
     else {"BACKEND": "channels.layers.InMemoryChannelLayer"}

@@ -52,13 +52,20 @@ def _people():
 
 
 def _approved_and_completed(tenant, requester, approver, release: str) -> Run:
-    """An earlier deploy, approved and resumed in this process: the ticket page diffs against it."""
+    """An earlier deploy, approved and completed: the ticket page diffs against it.
+
+    The live worker may take the run first (on PostgreSQL a NOTIFY wakes it at once); then this
+    process's resume finds it claimed and waits for the worker's outcome instead.
+    """
     run = paused_run(
         tenant, requested_by=requester, prompt=f"Deploy release {release} to production"
     )
     services.decide(Ticket.objects.get(run=run), user=approver, approve=True)
-    outcome = services.resume(run_id=run.pk, worker_id="test-setup")
-    assert outcome.status == RunStatus.COMPLETED, outcome
+    services.resume(run_id=run.pk, worker_id="test-setup")
+    deadline = time.monotonic() + 20
+    while Run.objects.get(pk=run.pk).status != RunStatus.COMPLETED:
+        assert time.monotonic() < deadline, Run.objects.get(pk=run.pk).status
+        time.sleep(0.05)
     return run
 
 

@@ -1,0 +1,553 @@
+"""`manage.py bench --json FILE`: the console's benchmark, on PostgreSQL, real processes.
+
+Drops and recreates its own database (the name in DATABASE_URL must contain "bench"), starts
+`manage.py runserver --noreload` (daphne, ASGI) and `manage.py worker` subprocesses against
+it (with REDIS_URL for the channel layer when set), measures, prints a table and writes JSON.
+See docs/PERFORMANCE.md for what each figure means and the last results.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand
+from django.db import connection
+from django.test import Client
+
+from approvals import bench
+from approvals.models import AuditEvent, Membership, Role, Run, RunStatus, Tenant
+
+TARGETS = {
+    "approve_to_completed_p50_ms": 50,
+    "approve_to_completed_p99_ms": 150,
+    "decision_p50_ms": 15,
+    "resume_per_s_workers_2": 100,
+    "page_p95_ms": 30,
+    "page_queries": 8,
+    "queue_vs_admin_ratio": 0.5,
+    "pause_vs_to_json_ratio": 1.5,
+    "blob_vs_json_ratio": 0.3,
+    "worker_rss_growth_pct": 10,
+}
+
+
+class Command(BaseCommand):
+    help = "Benchmark the console on PostgreSQL with real server and worker processes."
+
+    def add_arguments(self, parser) -> None:
+        parser.add_argument("--json", dest="json_path", default="var/bench.json")
+        parser.add_argument("--tickets", type=int, default=320, help="approve-to-completed")
+        parser.add_argument("--memory-resumes", type=int, default=5000)
+        parser.add_argument("--page-tickets", type=int, default=100_000)
+        parser.add_argument("--page-events", type=int, default=300_000)
+        parser.add_argument("--throughput-runs", type=int, default=600, help="2 workers; 4: x4/3")
+        parser.add_argument("--skip-profile", action="store_true")
+
+    def say(self, text: str) -> None:
+        self.stdout.write(f"[{time.strftime('%H:%M:%S')}] {text}")
+        self.stdout.flush()
+
+    def handle(self, *args, json_path: str, **options) -> None:
+        started = time.monotonic()
+        out_dir = Path(settings.BASE_DIR) / "var" / "bench"
+        out_dir.mkdir(parents=True, exist_ok=True)
+        effect_log = out_dir / "effects.log"
+        effect_log.unlink(missing_ok=True)
+        settings.APPROVALS_DEMO_EFFECT_LOG = effect_log
+        settings.DEBUG = False
+        settings.OPENAI_API_KEY = ""
+        name = bench.recreate_database()
+        self.say(f"database {name} recreated and migrated")
+        procs = bench.Processes(out_dir / "logs")
+        try:
+            report = self.run_all(procs, out_dir, options)
+        finally:
+            procs.stop_all()
+        report["meta"] = self.meta(name, time.monotonic() - started)
+        table = self.table(report)
+        report["table_markdown"] = table
+        path = Path(json_path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(report, indent=2, default=str) + "\n")
+        self.stdout.write(table)
+        self.say(f"wrote {path} in {time.monotonic() - started:.0f}s")
+
+    # --- the whole run ------------------------------------------------------------------------
+
+    def run_all(self, procs: bench.Processes, out_dir: Path, options: dict) -> dict[str, Any]:
+        users = get_user_model()
+        tenant = Tenant.objects.create(slug="bench", name="Bench")
+        requester = users.objects.create_user("bench-dev", password=bench.PASSWORD)
+        approver = users.objects.create_user("bench-rm", password=bench.PASSWORD)
+        Membership.objects.create(user=requester, tenant=tenant, role=Role.VIEWER)
+        Membership.objects.create(user=approver, tenant=tenant, role=Role.APPROVER)
+        report: dict[str, Any] = {}
+
+        template, template_text = bench.make_template(tenant, requester)
+        n_http = options["tickets"]
+        n_mem = options["memory_resumes"]
+        plan = {
+            "http": n_http,
+            "w2": options["throughput_runs"],
+            "w4": options["throughput_runs"] * 4 // 3,
+            "mem_a": 500,
+            "mem_b": n_mem - 500,
+            "death": 300,
+            "profile": 150,
+        }
+        groups: dict[str, list[bench.Clone]] = {}
+        t0 = time.monotonic()
+        for key, count in plan.items():
+            releases = [f"2026.03.03-{key.replace('_', '')}{n:05d}" for n in range(count)]
+            groups[key] = bench.clone_runs(template, template_text, tenant, requester, releases)
+        self.say(f"{sum(plan.values())} paused runs cloned in {time.monotonic() - t0:.1f}s")
+
+        # 5. pause_run against a bare to_json
+        report["pause"] = [
+            bench.measure_pause(tenant, requester, turns, repeats)
+            for turns, repeats in ((1, 40), (10, 30), (100, 10))
+        ]
+        self.say("pause_run measured")
+
+        # 1b. the bare SDK doing the same work in-process
+        bare = bench.bare_resume_ms(template_text, 300, out_dir / "bare-effects.log")
+        report["sdk_bare_resume_ms"] = bench.summary_ms(bare[20:])
+        self.say(f"bare SDK resume p50 {report['sdk_bare_resume_ms']['p50']} ms")
+
+        # Profile of the in-process resume path (the worker's code, without the task queue).
+        if not options["skip_profile"]:
+            from approvals import services
+
+            chunk = groups["profile"]
+            bench.approve_in_bulk(chunk, approver, enqueue=False)
+            t0 = time.monotonic()
+            text = bench.profile(
+                lambda: [services.resume(run_id=c.run_id, worker_id="profile") for c in chunk]
+            )
+            (out_dir / "profile-resume.txt").write_text(text)
+            report["profile_resume_ms_each"] = round((time.monotonic() - t0) * 1000 / len(chunk), 2)
+            report["profile_resume_statuses"] = bench.statuses([c.run_id for c in chunk])
+            self.say("resume path profiled")
+
+        # 1 + 2. approve to completed over HTTP: 2 web processes, 2 workers, Redis channel layer
+        report.update(self.approve_over_http(procs, groups["http"], approver))
+
+        # 3 + 6. resume throughput with 1, 2 and 4 workers; worker memory.
+        report.update(self.throughput(procs, groups, approver))
+
+        # Deployment: two workers, one killed mid-stream.
+        report["worker_death"] = self.worker_death(procs, groups["death"], approver)
+
+        # 4. queue and audit pages at 100k tickets / 300k events, beside the admin.
+        report.update(self.pages(options, out_dir))
+        return report
+
+    # --- 1 + 2 --------------------------------------------------------------------------------
+
+    def approve_over_http(self, procs, clones, approver) -> dict[str, Any]:
+        redis_url = settings.REDIS_URL or ""
+        env = bench.subprocess_env(REDIS_URL=redis_url) if redis_url else bench.subprocess_env()
+        webs = [bench.start_web(procs, env) for _ in range(2)]
+        workers = [procs.start("worker", "worker", "--interval", "1", env=env) for _ in range(2)]
+        clients = []
+        for url, _ in webs:
+            client = bench.HttpClient(url)
+            client.login(approver.username, bench.PASSWORD)
+            clients.append(client)
+        time.sleep(2)  # the workers are up and listening
+        decisions, completions, statuses = [], [], []
+        sessions_before = bench.sessions_opened()
+        for n, clone in enumerate(clones):
+            client = clients[n % len(clients)]
+            t0 = time.perf_counter()
+            status, _ = client.request(
+                "POST", f"/tickets/{clone.ticket_id}/decide/", {"decision": "approve"}
+            )
+            t1 = time.perf_counter()
+            statuses.append(status)
+            done = Run.objects.filter(
+                pk=clone.run_id, status=RunStatus.COMPLETED, effects__status="done"
+            )
+            deadline = t0 + 30
+            while not done.exists():
+                if time.perf_counter() > deadline:
+                    raise RuntimeError(
+                        f"run {clone.run_id} not completed after 30s\n"
+                        + "\n".join(p.tail() for p in workers)
+                    )
+                time.sleep(0.001)
+            t2 = time.perf_counter()
+            decisions.append(t1 - t0)
+            completions.append(t2 - t0)
+        sessions_after = bench.sessions_opened()
+        warm = 20
+        run_ids = [c.run_id for c in clones]
+        result = {
+            "approve_to_completed_ms": bench.summary_ms(completions[warm:]),
+            "decision_ms": bench.summary_ms(decisions[warm:]),
+            "http_statuses": {str(s): statuses.count(s) for s in set(statuses)},
+            "http_runs": bench.statuses(run_ids),
+            "http_exactly_once": bench.exactly_once(c.release for c in clones),
+            "http_web_processes": len(webs),
+            "http_workers": len(workers),
+            "http_channel_layer": "redis" if redis_url else "in-memory",
+            "db_connections_per_approval": round(
+                (sessions_after - sessions_before) / len(clones), 2
+            ),
+        }
+        for proc in workers + [p for _, p in webs]:
+            procs.stop(proc)
+        self.say(
+            f"approve to completed p50 {result['approve_to_completed_ms']['p50']} ms, "
+            f"decision p50 {result['decision_ms']['p50']} ms"
+        )
+        return result
+
+    # --- 3 + 6 --------------------------------------------------------------------------------
+
+    def throughput(self, procs, groups, approver) -> dict[str, Any]:
+        per_s: dict[str, float] = {}
+        detail: dict[str, Any] = {}
+        duplicates = 0
+        for workers_n, key in ((2, "w2"), (4, "w4")):
+            chunk = groups[key]
+            ids = [c.run_id for c in chunk]
+            bench.approve_in_bulk(chunk, approver)
+            before = bench.sessions_opened()
+            workers = [procs.start("worker", "worker", "--interval", "1") for _ in range(workers_n)]
+            bench.wait_finished(ids, timeout=300, procs=workers)
+            after = bench.sessions_opened()
+            for proc in workers:
+                procs.stop(proc)
+            span = bench.span_seconds(ids)
+            once = bench.exactly_once(c.release for c in chunk)
+            duplicates += once["duplicates"]
+            per_s[f"workers_{workers_n}"] = round(len(ids) / span, 1)
+            detail[f"workers_{workers_n}"] = {
+                "runs": len(ids),
+                "seconds": round(span, 2),
+                "statuses": bench.statuses(ids),
+                **once,
+                "db_connections_per_resume": round((after - before) / len(ids), 2),
+            }
+            self.say(f"{workers_n} workers: {per_s[f'workers_{workers_n}']} resumes/s {once}")
+
+        # One worker: 500 resumes, its RSS; then the rest (to 5,000 in all), its RSS again.
+        first, rest = groups["mem_a"], groups["mem_b"]
+        bench.approve_in_bulk(first, approver)
+        worker = procs.start("worker", "worker", "--interval", "1")
+        time.sleep(0.5)
+        rss_start = worker.rss_kib()
+        bench.wait_finished([c.run_id for c in first], timeout=300, procs=[worker])
+        rss_500 = worker.rss_kib()
+        span = bench.span_seconds([c.run_id for c in first])
+        per_s["workers_1"] = round(len(first) / span, 1)
+        once_a = bench.exactly_once(c.release for c in first)
+        self.say(f"1 worker: {per_s['workers_1']} resumes/s; RSS {rss_500} KiB after 500")
+        samples = [(500, rss_500)]
+        step = 1000
+        for start in range(0, len(rest), step):
+            part = rest[start : start + step]
+            bench.approve_in_bulk(part, approver)
+            bench.wait_finished([c.run_id for c in part], timeout=600, procs=[worker])
+            samples.append((500 + start + len(part), worker.rss_kib()))
+        rss_end = samples[-1][1]
+        span_rest = bench.span_seconds([c.run_id for c in rest])
+        procs.stop(worker)
+        once_b = bench.exactly_once(c.release for c in rest)
+        duplicates += once_a["duplicates"] + once_b["duplicates"]
+        all_ids = [c.run_id for c in first + rest]
+        detail["workers_1"] = {
+            "runs": len(first),
+            "seconds": round(span, 2),
+            **once_a,
+            "statuses": bench.statuses([c.run_id for c in first]),
+            "later_runs": len(rest),
+            "later_per_s": round(len(rest) / span_rest, 1),
+            "later": once_b,
+        }
+        growth = (rss_end - rss_500) / rss_500 * 100
+        self.say(f"worker RSS {rss_500} -> {rss_end} KiB ({growth:+.1f} %)")
+        return {
+            "resume_per_s": per_s,
+            "resume_detail": detail,
+            "duplicate_effects": duplicates,
+            "worker_rss_kib": {
+                "start": rss_start,
+                "after_500": rss_500,
+                f"after_{len(all_ids)}": rss_end,
+                "samples": samples,
+            },
+            "worker_rss_growth_pct": round(growth, 1),
+            "worker_memory_statuses": bench.statuses(all_ids),
+        }
+
+    # --- several workers, one dies ------------------------------------------------------------
+
+    def worker_death(self, procs, clones, approver) -> dict[str, Any]:
+        env = bench.subprocess_env(
+            APPROVALS_LEASE_SECONDS="3",
+            APPROVALS_REAPER_INTERVAL_SECONDS="1",
+            **({"REDIS_URL": settings.REDIS_URL} if settings.REDIS_URL else {}),
+        )
+        ids = [c.run_id for c in clones]
+        bench.approve_in_bulk(clones, approver)
+        victim = procs.start("worker", "worker", "--interval", "1", env=env)
+        survivor = procs.start("worker", "worker", "--interval", "1", env=env)
+        while bench.finished_count(ids) < len(ids) // 3:
+            time.sleep(0.01)
+        procs.stop(victim, kill=True)
+        killed_at = time.monotonic()
+        finished = bench.wait_finished(ids, timeout=300, procs=[survivor])
+        procs.stop(survivor)
+        once = bench.exactly_once(c.release for c in clones)
+        requeued = AuditEvent.objects.filter(action="run.requeued", run_id__in=ids).count()
+        result = {
+            "runs": len(ids),
+            "killed_after_finished": len(ids) // 3,
+            "seconds_to_finish_after_kill": round(finished - killed_at, 2),
+            "statuses": bench.statuses(ids),
+            "requeued_by_reaper": requeued,
+            **once,
+        }
+        self.say(f"worker killed: {result}")
+        return result
+
+    # --- 4 ------------------------------------------------------------------------------------
+
+    def pages(self, options: dict, out_dir: Path) -> dict[str, Any]:
+        users = get_user_model()
+        tenants = [Tenant.objects.create(slug=f"t{n:02d}", name=f"Tenant {n}") for n in range(20)]
+        requesters = [users.objects.create_user(f"dev{n}", password="x") for n in range(5)]
+        viewer = users.objects.create_user("pages-admin", password="x")
+        superuser = users.objects.create_superuser("bench-super", password="x")
+        for tenant in tenants:
+            Membership.objects.create(user=viewer, tenant=tenant, role=Role.ADMIN)
+            for requester in requesters:
+                Membership.objects.create(user=requester, tenant=tenant, role=Role.VIEWER)
+        console = Client()
+        console.force_login(viewer)
+        admin = Client()
+        admin.force_login(superuser)
+        paths = {
+            "queue": (console, "/"),
+            "audit": (console, "/audit/"),
+            "admin_ticket": (admin, "/admin/approvals/ticket/"),
+            "admin_audit": (admin, "/admin/approvals/auditevent/"),
+        }
+        total_t, total_e = options["page_tickets"], options["page_events"]
+        small_t, small_e = total_t // 100, total_e // 100
+        t0 = time.monotonic()
+        bench.load_page_data(
+            tenants,
+            requesters,
+            tickets_per_tenant=small_t // 20,
+            events_per_tenant=small_e // 20,
+        )
+        small = {
+            key: bench.measure_page(client, path, repeats=10, warmup=2)
+            for key, (client, path) in paths.items()
+        }
+        bench.load_page_data(
+            tenants,
+            requesters,
+            tickets_per_tenant=(total_t - small_t) // 20,
+            events_per_tenant=(total_e - small_e) // 20,
+        )
+        self.say(
+            f"page data loaded in {time.monotonic() - t0:.0f}s: "
+            f"{total_t} tickets, {total_e} events over 20 tenants"
+        )
+        full = {
+            key: bench.measure_page(client, path, repeats=40, warmup=3)
+            for key, (client, path) in paths.items()
+        }
+        # The next page (keyset cursor), the way a person pages through.
+        profile_text = bench.profile(
+            lambda: [console.get("/") for _ in range(20)] + [console.get("/audit/")]
+        )
+        (out_dir / "profile-pages.txt").write_text(profile_text)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "EXPLAIN ANALYZE SELECT DISTINCT tool_name FROM approvals_ticket "
+                "WHERE status = 'pending' AND tenant_id IN (SELECT id FROM approvals_tenant)"
+            )
+            explain = "\n".join(row[0] for row in cursor.fetchall())
+        (out_dir / "explain-distinct.txt").write_text(explain)
+        self.say(
+            f"queue p50 {full['queue']['ms']['p50']} ms / {full['queue']['queries']} queries; "
+            f"audit p50 {full['audit']['ms']['p50']} ms / {full['audit']['queries']} queries"
+        )
+        return {
+            "queue_page_ms": full["queue"]["ms"],
+            "audit_page_ms": full["audit"]["ms"],
+            "admin_ticket_changelist_ms": full["admin_ticket"]["ms"],
+            "admin_audit_changelist_ms": full["admin_audit"]["ms"],
+            "queue_page_queries": full["queue"]["queries"],
+            "audit_page_queries": full["audit"]["queries"],
+            "admin_ticket_queries": full["admin_ticket"]["queries"],
+            "admin_audit_queries": full["admin_audit"]["queries"],
+            "queries_at_1pct": {k: v["queries"] for k, v in small.items()},
+            "p50_ms_at_1pct": {k: v["ms"]["p50"] for k, v in small.items()},
+            "audit_first_request_ms": full["audit"]["first_request_ms"],
+            "queue_vs_admin_ratio": round(
+                full["queue"]["ms"]["p50"] / full["admin_ticket"]["ms"]["p50"], 2
+            ),
+            "audit_vs_admin_ratio": round(
+                full["audit"]["ms"]["p50"] / full["admin_audit"]["ms"]["p50"], 2
+            ),
+            "page_rows": {"tickets": total_t, "audit_events": total_e, "tenants": 20},
+        }
+
+    # --- output -------------------------------------------------------------------------------
+
+    def meta(self, name: str, seconds: float) -> dict[str, Any]:
+        def run(*argv: str) -> str:
+            try:
+                return subprocess.run(argv, capture_output=True, text=True, check=False).stdout
+            except OSError:
+                return ""
+
+        mem = next(
+            (
+                line.split()[1]
+                for line in Path("/proc/meminfo").read_text().splitlines()
+                if line.startswith("MemTotal:")
+            ),
+            "0",
+        )
+        return {
+            "date": run("date", "-u").strip(),
+            "commit": run("git", "rev-parse", "--short", "HEAD").strip(),
+            "nproc": run("nproc").strip(),
+            "mem_total_gib": round(int(mem) / 1024 / 1024, 1),
+            "python": platform.python_version(),
+            "database": name,
+            "redis": bool(settings.REDIS_URL),
+            "seconds": round(seconds, 1),
+        }
+
+    def table(self, r: dict[str, Any]) -> str:
+        pause = {p["turns"]: p for p in r["pause"]}
+        # The headline is the worst of the three sizes; each size is beside it.
+        r["pause_vs_to_json_ratio"] = max(v["ratio_p50"] for v in pause.values())
+        r["pause_vs_to_json_ratio_by_turns"] = {
+            f"turns_{k}": v["ratio_p50"] for k, v in pause.items()
+        }
+        r["blob_vs_json_ratio_10_turns"] = pause[10]["blob_vs_json"]
+        r["blob_vs_json_ratio"] = {f"turns_{k}": v["blob_vs_json"] for k, v in pause.items()}
+        a2c, dec, bare = r["approve_to_completed_ms"], r["decision_ms"], r["sdk_bare_resume_ms"]
+        r["approve_vs_bare_sdk_ratio"] = round(a2c["p50"] / bare["p50"], 1)
+        q, au = r["queue_page_ms"], r["audit_page_ms"]
+        aq, aa = r["admin_ticket_changelist_ms"], r["admin_audit_changelist_ms"]
+
+        def ok(flag: bool) -> str:
+            return "met" if flag else "MISSED"
+
+        def trio(s: dict) -> str:
+            return f"{s['p50']} / {s['p95']} / {s['p99']}"
+
+        rows = [
+            ("measure", "p50 / p95 / p99 or value", "target", "verdict"),
+            (
+                "approve to completed (ms)",
+                trio(a2c),
+                "p50 <= 50, p99 <= 150",
+                ok(a2c["p50"] <= 50 and a2c["p99"] <= 150),
+            ),
+            ("bare SDK resume in-process (ms)", trio(bare), "-", "-"),
+            ("approve to completed / bare SDK (p50)", r["approve_vs_bare_sdk_ratio"], "-", "-"),
+            ("decision request (ms)", trio(dec), "p50 <= 15", ok(dec["p50"] <= 15)),
+            ("resumes/s, 1 worker", r["resume_per_s"]["workers_1"], "-", "-"),
+            (
+                "resumes/s, 2 workers",
+                r["resume_per_s"]["workers_2"],
+                ">= 100",
+                ok(r["resume_per_s"]["workers_2"] >= 100),
+            ),
+            ("resumes/s, 4 workers", r["resume_per_s"]["workers_4"], "-", "-"),
+            (
+                "duplicate effects (all phases)",
+                r["duplicate_effects"],
+                "0",
+                ok(r["duplicate_effects"] == 0),
+            ),
+            ("queue page, 100k tickets (ms)", trio(q), "p95 <= 30", ok(q["p95"] <= 30)),
+            ("admin ticket change list (ms)", trio(aq), "-", "-"),
+            (
+                "queue / admin (p50)",
+                r["queue_vs_admin_ratio"],
+                "<= 0.5",
+                ok(r["queue_vs_admin_ratio"] <= 0.5),
+            ),
+            ("audit page, 300k events (ms)", trio(au), "p95 <= 30", ok(au["p95"] <= 30)),
+            ("admin audit change list (ms)", trio(aa), "-", "-"),
+            (
+                "audit / admin (p50)",
+                r["audit_vs_admin_ratio"],
+                "<= 0.5",
+                ok(r["audit_vs_admin_ratio"] <= 0.5),
+            ),
+            (
+                "queries: queue / audit (1% data -> full)",
+                f"{r['queries_at_1pct']['queue']}->{r['queue_page_queries']} / "
+                f"{r['queries_at_1pct']['audit']}->{r['audit_page_queries']}",
+                "<= 8, constant",
+                ok(
+                    max(r["queue_page_queries"], r["audit_page_queries"]) <= 8
+                    and r["queries_at_1pct"]["queue"] == r["queue_page_queries"]
+                    and r["queries_at_1pct"]["audit"] == r["audit_page_queries"]
+                ),
+            ),
+        ]
+        for turns, p in pause.items():
+            rows.append(
+                (
+                    f"pause_run / to_json, {turns} turns (p50)",
+                    f"{p['ratio_p50']} ({p['pause_run_ms']['p50']} / {p['to_json_ms']['p50']} ms)",
+                    "<= 1.5",
+                    ok(p["ratio_p50"] <= 1.5),
+                )
+            )
+            rows.append(
+                (
+                    f"blob / raw JSON, {turns} turns",
+                    f"{p['blob_vs_json']} ({p['blob_bytes']} / {p['raw_json_bytes']} B)",
+                    "<= 0.3 from 10 turns" if turns >= 10 else "-",
+                    ok(p["blob_vs_json"] <= 0.3) if turns >= 10 else "-",
+                )
+            )
+        rss = r["worker_rss_kib"]
+        rows.append(
+            (
+                "worker RSS 500 -> 5,000 resumes",
+                f"{rss['after_500']} -> {rss['samples'][-1][1]} KiB "
+                f"({r['worker_rss_growth_pct']:+} %)",
+                "< 10 %",
+                ok(r["worker_rss_growth_pct"] < 10),
+            )
+        )
+        d = r["worker_death"]
+        rows.append(
+            (
+                "2 workers, one SIGKILLed",
+                f"{d['statuses']}, dup {d['duplicates']}, lost {d['lost']}, "
+                f"requeued {d['requeued_by_reaper']}",
+                "no duplicate",
+                ok(d["duplicates"] == 0),
+            )
+        )
+        widths = [max(len(str(row[i])) for row in rows) for i in range(4)]
+        lines = [
+            "| " + " | ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)) + " |"
+            for row in rows
+        ]
+        lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
+        return "\n".join(lines) + "\n"

@@ -1,0 +1,312 @@
+"""Every URL, asked by a user of tenant A about tenant B's objects: 404, and nothing of B shown.
+
+The routes come from the resolver, so a new URL is swept as soon as it exists; its kwargs come
+from KWARGS, and a kwarg KWARGS cannot fill fails the sweep with what to add.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import types
+from dataclasses import dataclass
+from urllib.parse import urlencode
+
+import pytest
+from agents.memory import SQLiteSession
+from django.test import Client
+from django.urls import get_resolver, path, resolve
+
+from approvals.audit import verify_chain
+from approvals.models import Role, Run, RunStatus, Tenant, Ticket, TicketStatus
+from sessions_admin.models import StoredItem, StoredSession
+from sessions_admin.stores import sqlite_path
+from tests.factories import TenantFactory, member, paused_run
+from tests.security import (
+    Kwarg,
+    UnfillableRoute,
+    by_first_segment,
+    constant,
+    fill,
+    from_side,
+    is_scoped,
+    routes,
+)
+
+pytestmark = pytest.mark.django_db
+
+# kwarg name -> how to fill it with tenant B's objects. A new URL kwarg goes here.
+KWARGS: dict[str, Kwarg] = {
+    "pk": Kwarg(
+        by_first_segment(tickets=lambda side: side.ticket.pk, runs=lambda side: side.run.pk),
+        scoped=True,
+    ),
+    # Not an object: the export covers the user's own tenants in any format.
+    "fmt": Kwarg(constant("csv", "jsonl", "xml"), scoped=False),
+    "store": Kwarg(constant("django", "sqlite"), scoped=False),
+    # B's slug, and A's own slug with B's session ids: neither may reach B's conversation.
+    "tenant": Kwarg(from_side("slugs"), scoped=True),
+    "session_id": Kwarg(from_side("session_ids"), scoped=True),
+}
+# Query parameters that name an object (the sessions pages take ?id=SESSION): every
+# object-scoped URL is also asked with each of tenant B's values.
+QUERY = {"id": lambda side: side.session_ids}
+
+B_NAME = "Bravo Confidential Holdings"
+B_SLUG = "bravo-corp"
+B_RELEASE = "2031.01.02-bravo"
+B_REQUESTER = "bravo-requester"
+B_CONVERSATION = "bravo private conversation about the merger"
+B_SESSIONS = ["bravo-orm-session", "bravo-sqlite-session"]
+ROLES = [Role.VIEWER, Role.APPROVER, Role.AUDITOR, Role.ADMIN]
+
+
+@dataclass
+class Side:
+    tenant: Tenant
+    ticket: Ticket
+    run: Run
+    slugs: list[str]
+    session_ids: list[str]
+
+
+@pytest.fixture(autouse=True)
+def _local_stores(settings, tmp_path):
+    settings.APPROVALS_SQLITE_SESSION_DIR = tmp_path / "sessions"
+    settings.APPROVALS_SQLITE_SESSION_DIR.mkdir()
+    settings.REDIS_URL = ""
+    settings.APPROVALS_OPENAI_BASE_URL = ""
+
+
+def sessions_for(tenant: Tenant, orm_id: str, sqlite_id: str, text: str) -> None:
+    item = {"role": "user", "content": text}
+    stored = StoredSession.objects.create(tenant=tenant, session_id=orm_id)
+    StoredItem.objects.create(session=stored, data=item)
+    session = SQLiteSession(sqlite_id, sqlite_path(tenant))
+    try:
+        asyncio.run(session.add_items([item]))
+    finally:
+        session.close()
+
+
+@pytest.fixture
+def world() -> dict:
+    alpha = TenantFactory(slug="alpha", name="Alpha Ltd")
+    alpha_run = paused_run(alpha, requested_by=member(alpha, Role.VIEWER, username="alpha-req"))
+    sessions_for(alpha, "alpha-orm-session", "alpha-sqlite-session", "alpha conversation")
+    bravo = TenantFactory(slug=B_SLUG, name=B_NAME)
+    bravo_run = paused_run(
+        bravo,
+        prompt=f"Deploy release {B_RELEASE} to production",
+        requested_by=member(bravo, Role.VIEWER, username=B_REQUESTER),
+    )
+    member(bravo, Role.ADMIN, username="bravo-admin")
+    sessions_for(bravo, *B_SESSIONS, B_CONVERSATION)
+    return {
+        "alpha": alpha,
+        "alpha_run": alpha_run,
+        "bravo": Side(
+            tenant=bravo,
+            ticket=Ticket.objects.get(run=bravo_run),
+            run=bravo_run,
+            slugs=[B_SLUG, "alpha"],
+            session_ids=B_SESSIONS,
+        ),
+    }
+
+
+def body(response) -> str:
+    content = b"".join(response.streaming_content) if response.streaming else response.content
+    return content.decode(errors="replace")
+
+
+def leaks(text: str, asked: str) -> list[str]:
+    """Tenant B's facts found in a response; what the user typed themselves does not count."""
+    markers = [B_NAME, B_RELEASE, B_REQUESTER, B_CONVERSATION, B_SLUG, *B_SESSIONS]
+    return [m for m in markers if m in text and m not in asked]
+
+
+HOSTILE_FORM = {
+    "tenant": B_SLUG,
+    "prefix": "bravo",
+    "older_than": "1d",
+    "confirm": "1",
+    "next": "/",
+    "decision": "approve",
+    "resolution": "abandon",
+}
+
+
+def with_query(url: str, side) -> list[str]:
+    urls = [url]
+    for name, values in QUERY.items():
+        urls += [f"{url}?{urlencode({name: value})}" for value in values(side)]
+    return urls
+
+
+def request(client: Client, user, method: str, url: str, data: dict | None = None):
+    # Sign in again each time: a swept POST /logout/ must not turn later requests anonymous.
+    if user is not None:
+        client.force_login(user)
+    if method == "GET":
+        return client.get(url, data or {})
+    return client.post(url, data or {})
+
+
+def sweep(client: Client, user, world: dict) -> tuple[list[str], int]:
+    """Every route, GET and POST; returns the problems found and how many URLs were asked."""
+    problems: list[str] = []
+    asked = 0
+    side = world["bravo"]
+    for route in routes():
+        try:
+            urls = fill(route, KWARGS, side)
+        except UnfillableRoute as error:
+            problems.append(str(error))
+            continue
+        scoped = is_scoped(route, KWARGS)
+        if scoped:
+            urls = [variant for url in urls for variant in with_query(url, side)]
+        for url in urls:
+            assert resolve(url.split("?")[0]).func == route.callback, f"{url} misses {route}"
+            asked += 1
+            attempts = [("GET", None), ("POST", None)]
+            if not scoped:
+                attempts += [("GET", HOSTILE_FORM), ("POST", HOSTILE_FORM)]
+            statuses = {}
+            for method, data in attempts:
+                response = request(client, user, method, url, data)
+                status = response.status_code
+                statuses[method] = status
+                text = body(response)
+                where = f"{method} {url}{' with tenant B in the form' if data else ''}"
+                if status >= 500:
+                    problems.append(f"{where} answered {status}")
+                if scoped and user is not None and status not in (404, 405):
+                    problems.append(f"{where} answered {status}, not 404, for tenant B's object")
+                found = leaks(text, url + (str(data) if data else ""))
+                if found:
+                    problems.append(f"{where} ({status}) shows tenant B's {found}")
+            if scoped and user is not None and 404 not in statuses.values():
+                problems.append(f"{url} never answered 404 for tenant B's object: {statuses}")
+    return problems, asked
+
+
+def assert_bravo_untouched(world: dict, audit_seq: int) -> None:
+    side = world["bravo"]
+    assert Ticket.objects.get(pk=side.ticket.pk).status == TicketStatus.PENDING
+    assert Run.objects.get(pk=side.run.pk).status == RunStatus.PAUSED
+    assert StoredSession.objects.filter(tenant=side.tenant).count() == 1
+    tenant = Tenant.objects.get(pk=side.tenant.pk)
+    assert tenant.audit_seq == audit_seq
+    assert verify_chain(tenant).ok
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_url_sweep_another_tenants_objects_are_404_for_every_role(world, role):
+    user = member(world["alpha"], role, username=f"alpha-{role}")
+    audit_seq = Tenant.objects.get(pk=world["bravo"].tenant.pk).audit_seq
+
+    problems, asked = sweep(Client(raise_request_exception=False), user, world)
+
+    assert problems == []
+    # tickets, decide, run, resolve, 3 exports, queue, audit, tenant, login, logout, list,
+    # purge, confirm; 2 stores x 2 slugs for detail and clear, each without and with 2 ?id=.
+    assert asked >= 30
+    assert_bravo_untouched(world, audit_seq)
+
+
+def test_url_sweep_anonymous_user_sees_nothing_of_any_tenant(world):
+    audit_seq = Tenant.objects.get(pk=world["bravo"].tenant.pk).audit_seq
+
+    problems, _ = sweep(Client(raise_request_exception=False), None, world)
+
+    assert problems == []
+    assert_bravo_untouched(world, audit_seq)
+
+
+def test_url_sweep_own_objects_answer_200_so_the_sweep_can_fail(client, world):
+    """The control: the same URLs with tenant A's own objects are readable by its admin."""
+    alpha_run = world["alpha_run"]
+    side = Side(
+        tenant=world["alpha"],
+        ticket=Ticket.objects.get(run=alpha_run),
+        run=alpha_run,
+        slugs=["alpha"],
+        session_ids=["alpha-orm-session"],
+    )
+    client.force_login(member(world["alpha"], Role.ADMIN, username="alpha-admin"))
+    statuses = {}
+    for route in routes():
+        if is_scoped(route, KWARGS):
+            url = with_query(fill(route, KWARGS, side)[0], side)[-1]
+            statuses[route.name] = client.get(url).status_code
+
+    assert statuses == {
+        "approvals:ticket": 200,
+        "approvals:decide": 405,
+        "approvals:run": 200,
+        "approvals:resolve": 405,
+        "sessions_admin:clear": 200,
+        "sessions_admin:detail": 200,
+    }
+
+
+def _view(request):  # pragma: no cover - never called, only routed
+    raise AssertionError
+
+
+def test_url_sweep_fails_for_a_kwarg_it_cannot_fill(world):
+    urlconf = types.ModuleType("hostile_urls")
+    urlconf.urlpatterns = [
+        path("tickets/<int:pk>/", _view, name="ticket"),
+        path("webhooks/<uuid:hook_id>/", _view, name="hook"),
+        path("reports/<int:pk>/", _view, name="report"),
+    ]
+
+    found = routes(get_resolver(urlconf))
+    messages = []
+    for route in found:
+        try:
+            fill(route, KWARGS, world["bravo"])
+        except UnfillableRoute as error:
+            messages.append(str(error))
+
+    assert [r.route for r in found] == [
+        "tickets/<int:pk>/",
+        "webhooks/<uuid:hook_id>/",
+        "reports/<int:pk>/",
+    ]
+    assert messages == [
+        "/webhooks/<uuid:hook_id>/ (hook) takes the kwarg 'hook_id', which the security sweep "
+        "cannot fill. Add 'hook_id' to KWARGS in tests/security/test_url_sweep.py (for this "
+        "route's first segment, if the kwarg means different objects on different routes), "
+        "giving the object of another tenant that the route must refuse with 404.",
+        "/reports/<int:pk>/ (report) takes the kwarg 'pk', which the security sweep cannot "
+        "fill. Add 'pk' to KWARGS in tests/security/test_url_sweep.py (for this route's first "
+        "segment, if the kwarg means different objects on different routes), giving the "
+        "object of another tenant that the route must refuse with 404.",
+    ]
+
+
+def test_url_sweep_walks_the_whole_project_but_admin():
+    found = {route.name for route in routes()}
+
+    # A superset: a new URL joins the sweeps without editing this list.
+    assert found >= {
+        "login",
+        "logout",
+        "approvals:queue",
+        "approvals:ticket",
+        "approvals:decide",
+        "approvals:run",
+        "approvals:resolve",
+        "approvals:audit",
+        "approvals:audit-export",
+        "approvals:switch-tenant",
+        "sessions_admin:list",
+        "sessions_admin:purge",
+        "sessions_admin:purge-confirm",
+        "sessions_admin:clear",
+        "sessions_admin:detail",
+    }
+    assert not any(route.route.startswith("admin/") for route in routes())

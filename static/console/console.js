@@ -27,6 +27,23 @@
   });
   if (!window.htmx || !window.WebSocket) setLive("closed", "Reload to refresh");
 
+  // A live re-read must never wipe a decision someone is writing: skip it, and say so.
+  body.addEventListener("htmx:confirm", (event) => {
+    const elt = event.detail.elt;
+    const trigger = event.detail.triggeringEvent;
+    if (!elt || elt.id !== "decision" || !trigger || trigger.type !== "console:changed") return;
+    const form = elt.querySelector("#decide-form");
+    if (!form) return;
+    const message = form.querySelector("textarea");
+    const always = form.querySelector("input[name=always]");
+    const busy = form.contains(document.activeElement) || (message && message.value.trim()) || (always && always.checked);
+    if (busy) {
+      event.preventDefault();
+      const notice = elt.querySelector("#decision-stale");
+      if (notice) notice.hidden = false;
+    }
+  });
+
   // --- tenant switcher submits on change (a button is shown when scripts are off) ---
   document.querySelectorAll("select[data-autosubmit]").forEach((select) => {
     select.addEventListener("change", () => select.form.submit());

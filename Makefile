@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install run test lint format migrate seed worker clean
+.PHONY: install run test faults lint format migrate seed worker clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -30,6 +30,10 @@ test: install
 	$(BIN)/python manage.py makemigrations --check --dry-run
 	$(BIN)/pytest $(PYTEST_ARGS)
 
+# The long fault runs (crashes, load, lost connections, Redis down): PostgreSQL, minutes.
+faults: install
+	APPROVALS_FAULTS=1 $(BIN)/pytest tests/faults $(PYTEST_ARGS)
+
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -40,3 +44,6 @@ format: install
 
 clean:
 	rm -rf $(VENV) db.sqlite3 .test-db.sqlite3 var
+
+# `make bench`: the benchmark harness (PostgreSQL, real server and workers).
+-include bench.mk

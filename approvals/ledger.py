@@ -126,20 +126,29 @@ def perform(
             )
             raise
         faults.point("after_effect")
-        with transaction.atomic():
-            IdempotencyRecord.objects.filter(pk=record.pk).update(
-                status=LedgerStatus.DONE, result=result, completed_at=timezone.now()
-            )
-            audit.append(
-                tenant_id=scope.tenant_id,
-                action="effect.done",
-                actor_name=f"worker {scope.attempt}",
-                run_id=scope.run_id,
-                ticket_id=ticket_id,
-                tool_name=operation,
-                outcome=LedgerStatus.DONE,
-                detail={"resource": resource[:200]},
-            )
+        try:
+            with transaction.atomic():
+                IdempotencyRecord.objects.filter(pk=record.pk).update(
+                    status=LedgerStatus.DONE, result=result, completed_at=timezone.now()
+                )
+                audit.append(
+                    tenant_id=scope.tenant_id,
+                    action="effect.done",
+                    actor_name=f"worker {scope.attempt}",
+                    run_id=scope.run_id,
+                    ticket_id=ticket_id,
+                    tool_name=operation,
+                    outcome=LedgerStatus.DONE,
+                    detail={"resource": resource[:200]},
+                )
+        except Exception as error:
+            # The effect ran, but that it did could not be recorded: its outcome is unknown to
+            # the console, so the run waits for a person instead of failing or repeating it.
+            raise _in_doubt(
+                scope,
+                f"{operation} on {resource} ran in attempt {scope.attempt} but its confirmation "
+                f"could not be stored ({type(error).__name__}); check whether it happened",
+            ) from error
         with scope.lock:
             scope.effects.append(record.pk)
         return result

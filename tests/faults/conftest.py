@@ -1,0 +1,305 @@
+"""The long fault-injection suite (`make faults`): real processes, real crashes, real load.
+
+Skipped unless APPROVALS_FAULTS=1, never silently: each test shows the reason. Shared here:
+polling waits, a console server process (daphne's ASGI runserver) against the test database,
+a stdlib HTTP client that signs in like a browser, and PostgreSQL helpers that kill backends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from http.cookies import SimpleCookie
+from pathlib import Path
+
+import pytest
+from django.contrib.auth.hashers import PBKDF2PasswordHasher
+from django.db import connection
+
+from tests.conftest import ROOT, subprocess_env
+
+FAULTS_DIR = Path(__file__).resolve().parent
+SKIP_REASON = "long fault tests: run make faults (APPROVALS_FAULTS=1)"
+POSTGRES_ONLY = "needs PostgreSQL ({why}); this run uses SQLite"
+STARTUP_SECONDS = 40
+
+
+def pytest_configure(config) -> None:
+    config.addinivalue_line(
+        "markers", "faults: long fault-injection test; runs only with APPROVALS_FAULTS=1"
+    )
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    if os.environ.get("APPROVALS_FAULTS") == "1":
+        return
+    skip = pytest.mark.skip(reason=SKIP_REASON)
+    for item in items:
+        if FAULTS_DIR in Path(str(item.fspath)).resolve().parents:
+            item.add_marker(skip)
+
+
+def require_postgres(why: str) -> None:
+    if connection.vendor != "postgresql":
+        pytest.skip(POSTGRES_ONLY.format(why=why))
+
+
+# --- waiting ----------------------------------------------------------------------------------
+
+
+def wait_until(predicate: Callable[[], object], *, timeout: float, what: str, every=0.1):
+    """Poll predicate until it is truthy, or fail at the deadline. Never the assertion itself."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"gave up after {timeout:.0f}s waiting for {what}")
+        time.sleep(every)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+# --- processes whose output goes to a file (a chatty process must never block on a pipe) -------
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen
+    log: Path
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def tail(self, lines: int = 60) -> str:
+        text = "\n".join(self.output().splitlines()[-lines:])
+        return f"--- last lines of {self.name} ({self.log}) ---\n{text}"
+
+
+@pytest.fixture
+def processes(tmp_path) -> Iterator[Callable[..., Proc]]:
+    """start(name, *argv, env=...) runs argv (manage.py args, or an absolute program) with its
+    output in a file; every process is killed and reaped when the test ends."""
+    started: list[Proc] = []
+
+    def start(name: str, *args: str, env: dict[str, str] | None = None) -> Proc:
+        argv = list(args) if args[0].startswith("/") else [sys.executable, "manage.py", *args]
+        log = tmp_path / f"{name}-{len(started)}.log"
+        with log.open("w") as out:
+            popen = subprocess.Popen(
+                argv,
+                cwd=ROOT,
+                env=env or subprocess_env(),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        proc = Proc(name, popen, log)
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        if proc.popen.poll() is None:
+            proc.popen.kill()
+        proc.popen.wait(timeout=30)
+
+
+def wait_for_http(base_url: str, server: Proc) -> None:
+    deadline = time.monotonic() + STARTUP_SECONDS
+    parts = urllib.parse.urlsplit(base_url)
+    while True:
+        if server.popen.poll() is not None:
+            raise AssertionError(
+                f"the server exited with {server.popen.returncode}\n{server.tail()}"
+            )
+        try:
+            conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=2)
+            conn.request("GET", "/login/")
+            if conn.getresponse().status == 200:
+                conn.close()
+                return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the server did not answer {base_url}\n{server.tail()}")
+        time.sleep(0.1)
+
+
+def start_console(processes, *, env: dict[str, str] | None = None) -> tuple[str, Proc]:
+    """`manage.py runserver --noreload` (daphne, ASGI) on a free port, answering /login/."""
+    port = free_port()
+    server = processes(
+        "server",
+        "runserver",
+        "--noreload",
+        f"127.0.0.1:{port}",
+        env=env or subprocess_env(LOG_LEVEL="INFO"),
+    )
+    url = f"http://127.0.0.1:{port}"
+    wait_for_http(url, server)
+    return url, server
+
+
+class FastPBKDF2PasswordHasher(PBKDF2PasswordHasher):
+    """PBKDF2 with few iterations: the hash names pbkdf2_sha256, which the server accepts (it
+    re-hashes at the first sign-in). The suite's MD5 test hasher is not in the server's list."""
+
+    iterations = 1000
+
+
+@pytest.fixture
+def server_passwords(settings):
+    """Users made by this test can sign in through a server process."""
+    settings.PASSWORD_HASHERS = ["tests.faults.conftest.FastPBKDF2PasswordHasher"]
+
+
+# --- a browser-like client on the standard library -----------------------------------------
+
+
+@dataclass
+class Response:
+    status: int
+    headers: dict[str, str]
+    body: str
+
+
+@dataclass
+class ConsoleClient:
+    """One signed-in person: keeps cookies, sends the CSRF cookie back as X-CSRFToken."""
+
+    base_url: str
+    timeout: float = 30
+    cookies: dict[str, str] = field(default_factory=dict)
+    _conn: http.client.HTTPConnection | None = None
+
+    def _connection(self) -> http.client.HTTPConnection:
+        if self._conn is None:
+            parts = urllib.parse.urlsplit(self.base_url)
+            self._conn = http.client.HTTPConnection(
+                parts.hostname, parts.port, timeout=self.timeout
+            )
+        return self._conn
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def request(self, method: str, path: str, form: dict[str, str] | None = None) -> Response:
+        headers = {"Host": urllib.parse.urlsplit(self.base_url).netloc}
+        if self.cookies:
+            headers["Cookie"] = "; ".join(f"{k}={v}" for k, v in self.cookies.items())
+        body = None
+        if method == "POST":
+            headers["X-CSRFToken"] = self.cookies.get("csrftoken", "")
+            headers["Content-Type"] = "application/x-www-form-urlencoded"
+            body = urllib.parse.urlencode(form or {})
+        for attempt in (1, 2):
+            conn = self._connection()
+            try:
+                conn.request(method, path, body=body, headers=headers)
+                raw = conn.getresponse()
+                data = raw.read().decode(errors="replace")
+                break
+            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
+                # A kept-alive connection the server closed between requests: reconnect once.
+                self.close()
+                if attempt == 2:
+                    raise
+        for value in raw.headers.get_all("Set-Cookie") or []:
+            cookie = SimpleCookie()
+            cookie.load(value)
+            for name, morsel in cookie.items():
+                self.cookies[name] = morsel.value
+        if raw.getheader("Connection", "").lower() == "close":
+            self.close()
+        return Response(raw.status, {k.lower(): v for k, v in raw.getheaders()}, data)
+
+    def get(self, path: str) -> Response:
+        return self.request("GET", path)
+
+    def post(self, path: str, form: dict[str, str] | None = None) -> Response:
+        return self.request("POST", path, form)
+
+    def login(self, username: str, password: str) -> None:
+        page = self.get("/login/")
+        assert page.status == 200, page.status
+        answer = self.post("/login/", {"username": username, "password": password})
+        assert answer.status == 302, f"sign-in of {username} answered {answer.status}"
+        assert "sessionid" in self.cookies
+
+    def decide(self, ticket_id: int, decision: str = "approve", message: str = "") -> Response:
+        return self.post(
+            f"/tickets/{ticket_id}/decide/", {"decision": decision, "message": message}
+        )
+
+
+def no_traceback(response: Response) -> bool:
+    return not re.search(r"Traceback|Exception Value|Request Method:", response.body)
+
+
+# --- PostgreSQL: who is connected, and cutting them off ----------------------------------------
+
+
+def with_application_name(url: str, name: str) -> str:
+    return f"{url}{'&' if '?' in url else '?'}application_name={name}"
+
+
+def backends(application_name: str) -> list[tuple[int, str, str, str]]:
+    """(pid, state, wait_event_type, query) of this database's backends with that name."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pid, state, coalesce(wait_event_type, ''), query FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid() "
+            "AND application_name = %s",
+            [application_name],
+        )
+        return list(cursor.fetchall())
+
+
+@contextlib.contextmanager
+def row_locked(table: str, pk: int) -> Iterator[None]:
+    """Hold SELECT ... FOR UPDATE on one row from a connection of its own (the test's connection
+    stays in autocommit: pg_stat_activity is a snapshot for the length of a transaction)."""
+    import psycopg
+
+    from tests.conftest import database_url
+
+    with psycopg.connect(database_url()) as holder:
+        holder.execute(f"SELECT id FROM {table} WHERE id = %s FOR UPDATE", [pk])
+        try:
+            yield
+        finally:
+            holder.rollback()
+
+
+def terminate_backends(application_name: str) -> int:
+    """pg_terminate_backend every connection of this database with that application_name."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid() "
+            "AND application_name = %s",
+            [application_name],
+        )
+        return cursor.fetchone()[0]

@@ -169,6 +169,12 @@ class Ticket(models.Model):
                 fields=["tenant", "status", "-created_at", "-id"], name="ticket_tenant_queue"
             ),
             models.Index(fields=["status", "expires_at"], name="ticket_status_expiry"),
+            # The queue across all of a user's tenants: newest pending first, without a sort.
+            models.Index(
+                fields=["-created_at", "-id"],
+                condition=models.Q(status="pending"),
+                name="ticket_pending_recent",
+            ),
         ]
 
     def __str__(self) -> str:

@@ -8,6 +8,7 @@ secrets from the environment) go back into the context at resume; they never sit
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -63,3 +64,30 @@ def get_spec(agent_key: str, agent_version: str) -> AgentSpec:
         context_serializer=_load(entry.get("context_serializer"), "context serializer"),
         context_deserializer=_load(entry.get("context_deserializer"), "context deserializer"),
     )
+
+
+@functools.cache
+def tool_names() -> tuple[str, ...]:
+    """Every tool name of every deployed agent version, found once per process.
+
+    A deployed version never changes its tools, so the queue can offer them as filters without
+    scanning tickets.
+    """
+    names: set[str] = set()
+    for key, versions in settings.APPROVALS_AGENTS.items():
+        for version in versions:
+            try:
+                agent = get_spec(key, version).build()
+            except Exception:
+                continue
+            stack, seen = [agent], set()
+            while stack:
+                current = stack.pop()
+                if id(current) in seen:
+                    continue
+                seen.add(id(current))
+                names.update(
+                    t.name for t in getattr(current, "tools", []) if getattr(t, "name", None)
+                )
+                stack.extend(h for h in getattr(current, "handoffs", []) if hasattr(h, "tools"))
+    return tuple(sorted(names))

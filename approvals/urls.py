@@ -13,6 +13,7 @@ urlpatterns = [
     path("runs/<int:pk>/", views.run_detail, name="run"),
     path("runs/<int:pk>/resolve/", views.run_resolve, name="resolve"),
     path("audit/", views.audit_history, name="audit"),
+    path("audit/chains/", views.audit_chains, name="audit-chains"),
     path("audit/export.<str:fmt>", views.audit_export, name="audit-export"),
     path("tenant/", views.switch_tenant, name="switch-tenant"),
 ]

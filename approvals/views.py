@@ -8,6 +8,7 @@ import json
 from collections.abc import Iterator
 from datetime import UTC, date, datetime, time, timedelta
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.cache import cache
@@ -28,7 +29,7 @@ from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import HttpResponseClientRedirect
 from django_htmx.middleware import HtmxDetails
 
-from approvals import crypto, presenters, services
+from approvals import crypto, presenters, registry, services
 from approvals.audit import verify_chain
 from approvals.forms import (
     AuditFilterForm,
@@ -146,19 +147,19 @@ def queue(request: HtmxHttpRequest) -> HttpResponse:
             form.add_error("after", str(error))
     if page is None:
         status = 400
-    pending = Ticket.objects.filter(tenant_id__in=memberships.keys(), status=TicketStatus.PENDING)
+    # Filter choices come from configuration and memberships, never from scanning tickets.
     context = {
         "form": form,
         "page": page,
         "rows": [_queue_row(t) for t in page.rows] if page else [],
         "tenants": slugs,
-        "tools": sorted(set(pending.values_list("tool_name", flat=True).distinct())),
-        "agents": sorted(set(pending.values_list("run__agent_key", flat=True).distinct())),
+        "tools": registry.tool_names(),
+        "agents": sorted(settings.APPROVALS_AGENTS),
         "requesters": sorted(
             set(
-                pending.exclude(requested_by=None)
-                .values_list("requested_by__username", flat=True)
-                .distinct()
+                Membership.objects.filter(tenant_id__in=memberships.keys()).values_list(
+                    "user__username", flat=True
+                )
             )
         ),
         "next_query": _with(request, after=page.next_cursor) if page and page.next_cursor else "",
@@ -410,13 +411,35 @@ def _filtered_events(tenants: dict[int, Tenant], filters: dict) -> QuerySet[Audi
     return events
 
 
-def _chain_status(tenant: Tenant) -> dict:
-    key = f"audit-chain:{tenant.pk}:{tenant.audit_seq}:{tenant.audit_head}"
-    report = cache.get(key)
-    if report is None:
+CHAIN_INLINE_EVENTS = 5000
+
+
+def _chain_key(tenant: Tenant) -> str:
+    return f"audit-chain:{tenant.pk}:{tenant.audit_seq}:{tenant.audit_head}"
+
+
+def _chain_status(tenant: Tenant, *, compute: bool) -> dict:
+    """The tenant's chain report: cached per chain head, computed now only when asked to."""
+    report = cache.get(_chain_key(tenant))
+    if report is None and compute:
         report = verify_chain(tenant)
-        cache.set(key, report, 300)
+        cache.set(_chain_key(tenant), report, 300)
     return {"tenant": tenant, "report": report}
+
+
+@login_required
+@require_GET
+def audit_chains(request: HttpRequest) -> HttpResponse:
+    """The chain badges alone, for the page to load after it has shown the history."""
+    tenants = _history_tenants(request)
+    if not tenants:
+        raise Http404("No such page.")
+    chains = [
+        _chain_status(t, compute=True) for t in sorted(tenants.values(), key=lambda t: t.slug)
+    ]
+    return render(
+        request, "approvals/audit.html#chains", {"chains": chains, "chains_pending": False}
+    )
 
 
 @login_required
@@ -431,6 +454,10 @@ def audit_history(request: HtmxHttpRequest) -> HttpResponse:
             status=403,
         )
     form = AuditFilterForm(request.GET, tenant_slugs=sorted(t.slug for t in tenants.values()))
+    chains = [
+        _chain_status(t, compute=t.audit_seq <= CHAIN_INLINE_EVENTS)
+        for t in sorted(tenants.values(), key=lambda t: t.slug)
+    ]
     page = None
     if form.is_valid():
         try:
@@ -447,7 +474,9 @@ def audit_history(request: HtmxHttpRequest) -> HttpResponse:
         "form": form,
         "page": page,
         "tenants": sorted(tenants.values(), key=lambda t: t.slug),
-        "chains": [_chain_status(t) for t in sorted(tenants.values(), key=lambda t: t.slug)],
+        # Small chains are verified inline; long ones load after the page (or come from cache).
+        "chains": chains,
+        "chains_pending": any(c["report"] is None for c in chains),
         "actions": sorted(ACTION_LABELS),
         "outcomes": AuditFilterForm.OUTCOMES,
         "next_query": _with(request, after=page.next_cursor) if page and page.next_cursor else "",

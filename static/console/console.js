@@ -36,7 +36,11 @@
     if (!form) return;
     const message = form.querySelector("textarea");
     const always = form.querySelector("input[name=always]");
-    const busy = form.contains(document.activeElement) || (message && message.value.trim()) || (always && always.checked);
+    const busy =
+      form.contains(document.activeElement) ||
+      document.querySelector("dialog.confirm[open]") !== null ||
+      (message && message.value.trim()) ||
+      (always && always.checked);
     if (busy) {
       event.preventDefault();
       const notice = elt.querySelector("#decision-stale");
@@ -72,11 +76,14 @@
     cancel.addEventListener("click", () => dialog.close());
     ok.addEventListener("click", () => {
       dialog.close();
-      confirmed = button;
+      // The panel may have been re-read meanwhile: submit the button that is on the page now.
+      const current = (button.dataset.key && document.querySelector(`#decide-form button[data-key="${button.dataset.key}"]`)) || button;
+      if (!current.form) return;
+      confirmed = current;
       // htmx does not always see the submitter, so the choice also travels in a hidden field.
-      const hidden = button.form.querySelector("input[data-decision]");
-      if (hidden) hidden.value = button.value;
-      button.form.requestSubmit(button);
+      const hidden = current.form.querySelector("input[data-decision]");
+      if (hidden) hidden.value = current.value;
+      current.form.requestSubmit(current);
     });
     dialog.addEventListener("close", () => dialog.remove());
     dialog.showModal();

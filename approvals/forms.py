@@ -18,12 +18,13 @@ def _checked_name(value: str, what: str) -> str:
     return value
 
 
-class QueueFilterForm(forms.Form):
+class _TenantFilterForm(forms.Form):
+    """Filters over the tenants a user may see: the tenant must be one of them."""
+
     tenant = forms.CharField(required=False, max_length=64)
-    agent = forms.CharField(required=False, max_length=100)
     tool = forms.CharField(required=False, max_length=200)
-    requester = forms.CharField(required=False, max_length=150)
     after = forms.CharField(required=False, max_length=500)
+    tenant_refusal = "You are not a member of a tenant called {slug!r}."
 
     def __init__(self, *args, tenant_slugs: list[str], **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -32,17 +33,22 @@ class QueueFilterForm(forms.Form):
     def clean_tenant(self) -> str:
         slug = self.cleaned_data["tenant"]
         if slug and slug not in self.tenant_slugs:
-            raise forms.ValidationError(f"You are not a member of a tenant called {slug!r}.")
+            raise forms.ValidationError(self.tenant_refusal.format(slug=slug))
         return slug
+
+    def clean_tool(self) -> str:
+        return _checked_name(self.cleaned_data["tool"], "tool")
+
+
+class QueueFilterForm(_TenantFilterForm):
+    agent = forms.CharField(required=False, max_length=100)
+    requester = forms.CharField(required=False, max_length=150)
 
     def clean_agent(self) -> str:
         agent = self.cleaned_data["agent"]
         if agent and agent not in settings.APPROVALS_AGENTS:
             raise forms.ValidationError(f"There is no agent called {agent!r}.")
         return agent
-
-    def clean_tool(self) -> str:
-        return _checked_name(self.cleaned_data["tool"], "tool")
 
     def clean_requester(self) -> str:
         name = _checked_name(self.cleaned_data["requester"], "user")
@@ -51,29 +57,26 @@ class QueueFilterForm(forms.Form):
         return name
 
 
-class AuditFilterForm(forms.Form):
-    tenant = forms.CharField(required=False, max_length=64)
+class AuditFilterForm(_TenantFilterForm):
     actor = forms.CharField(required=False, max_length=150)
     action = forms.CharField(required=False, max_length=64)
-    tool = forms.CharField(required=False, max_length=200)
     outcome = forms.CharField(required=False, max_length=64)
     since = forms.DateField(required=False)
     until = forms.DateField(required=False)
-    after = forms.CharField(required=False, max_length=500)
+    tenant_refusal = "You cannot read the history of a tenant called {slug!r}."
 
     OUTCOMES = sorted(
-        {*RunStatus.values, *TicketStatus.values, "done", "failed", "rotated", "exported"}
+        {
+            *RunStatus.values,
+            *TicketStatus.values,
+            "done",
+            "failed",
+            "rotated",
+            "exported",
+            "cleared",
+            "locked_out",
+        }
     )
-
-    def __init__(self, *args, tenant_slugs: list[str], **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.tenant_slugs = tenant_slugs
-
-    def clean_tenant(self) -> str:
-        slug = self.cleaned_data["tenant"]
-        if slug and slug not in self.tenant_slugs:
-            raise forms.ValidationError(f"You cannot read the history of a tenant called {slug!r}.")
-        return slug
 
     def clean_actor(self) -> str:
         value = self.cleaned_data["actor"]
@@ -86,9 +89,6 @@ class AuditFilterForm(forms.Form):
         if value and not re.match(r"^[a-z_]+\.[a-z_]+$", value):
             raise forms.ValidationError("Actions look like ticket.approved or run.completed.")
         return value
-
-    def clean_tool(self) -> str:
-        return _checked_name(self.cleaned_data["tool"], "tool")
 
     def clean_outcome(self) -> str:
         value = self.cleaned_data["outcome"]

@@ -320,6 +320,7 @@ ACTION_LABELS = {
     "auth.sign_in_failed": "Sign-in failed",
     "auth.locked_out": "Sign-in locked out",
     "audit.exported": "History exported",
+    "session.cleared": "Session cleared",
 }
 
 

@@ -7,17 +7,11 @@ database (its name must contain "bench"), dropped and recreated at the start of 
 from __future__ import annotations
 
 import asyncio
-import base64
-import contextlib
 import http.client
 import io
 import json
 import os
-import signal
-import socket
 import statistics
-import subprocess
-import sys
 import time
 import urllib.parse
 from collections import Counter
@@ -36,7 +30,9 @@ from approvals import audit, services
 from approvals.canonical import arguments_digest, canonical_arguments
 from approvals.models import AuditEvent, Run, RunStatus, Tenant, Ticket, TicketStatus
 
-ROOT = Path(settings.BASE_DIR)
+# Processes and start_web are used by the bench command through this module.
+from approvals.processes import Proc, Processes, child_env, start_web  # noqa: F401
+
 TEMPLATE_RELEASE = "2026.01.01-t0000"
 PASSWORD = "bench-pass-2026"
 
@@ -106,12 +102,6 @@ def recreate_database() -> str:
     return name
 
 
-def database_url() -> str:
-    p = connection.settings_dict
-    auth = p["USER"] + (f":{p['PASSWORD']}" if p["PASSWORD"] else "")
-    return f"postgres://{auth}@{p['HOST'] or '127.0.0.1'}:{p['PORT'] or 5432}/{p['NAME']}"
-
-
 def sessions_opened() -> int:
     """Connections ever opened to this database (pg_stat_database.sessions, PostgreSQL 14+)."""
     with connection.cursor() as cursor:
@@ -124,109 +114,8 @@ def sessions_opened() -> int:
 
 
 def subprocess_env(**extra: str) -> dict[str, str]:
-    keys = ",".join(
-        f"{key_id}:{base64.urlsafe_b64encode(key).decode()}"
-        for key_id, key in settings.APPROVALS_ENCRYPTION_KEYS
-    )
-    env = {
-        **os.environ,
-        "DATABASE_URL": database_url(),
-        "DJANGO_SECRET_KEY": settings.SECRET_KEY,
-        "APPROVALS_ENCRYPTION_KEYS": keys,
-        "APPROVALS_DEMO_EFFECT_LOG": str(settings.APPROVALS_DEMO_EFFECT_LOG),
-        "DJANGO_DEBUG": "0",
-        "LOG_LEVEL": "WARNING",
-        "PYTHONUNBUFFERED": "1",
-    }
-    env.pop("OPENAI_API_KEY", None)
-    env.update(extra)
-    return env
-
-
-@dataclass
-class Proc:
-    name: str
-    popen: subprocess.Popen
-    log: Path
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
-    def rss_kib(self) -> int:
-        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-        return 0
-
-    def tail(self, lines: int = 30) -> str:
-        text = self.log.read_text(errors="replace") if self.log.exists() else ""
-        return f"--- {self.name} ({self.log}) ---\n" + "\n".join(text.splitlines()[-lines:])
-
-
-@dataclass
-class Processes:
-    """manage.py subprocesses with their output in files; each is stopped by its own pid."""
-
-    log_dir: Path
-    started: list[Proc] = field(default_factory=list)
-
-    def start(self, name: str, *args: str, env: dict[str, str] | None = None) -> Proc:
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        log = self.log_dir / f"{name}-{len(self.started)}.log"
-        with log.open("w") as out:
-            popen = subprocess.Popen(
-                [sys.executable, str(ROOT / "manage.py"), *args],
-                cwd=ROOT,
-                env=env or subprocess_env(),
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
-        proc = Proc(name, popen, log)
-        self.started.append(proc)
-        return proc
-
-    def stop(self, proc: Proc, *, kill: bool = False) -> None:
-        if proc.alive():
-            proc.popen.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
-            try:
-                proc.popen.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.popen.kill()
-                proc.popen.wait(timeout=15)
-
-    def stop_all(self) -> None:
-        for proc in self.started:
-            self.stop(proc)
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    return free_port() if port == 8012 else port
-
-
-def start_web(procs: Processes, env: dict[str, str]) -> tuple[str, Proc]:
-    port = free_port()
-    proc = procs.start("web", "runserver", "--noreload", f"127.0.0.1:{port}", env=env)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        if not proc.alive():
-            raise RuntimeError(f"the web server exited\n{proc.tail()}")
-        with contextlib.suppress(OSError):
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-            conn.request("GET", "/login/")
-            if conn.getresponse().status == 200:
-                conn.close()
-                return url, proc
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"the web server did not answer\n{proc.tail()}")
-        time.sleep(0.1)
+    """A bench child: the parent's database and keys, production-like DEBUG, quiet logs."""
+    return child_env(**{"DJANGO_DEBUG": "0", "LOG_LEVEL": "WARNING", **extra})
 
 
 @dataclass

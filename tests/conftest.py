@@ -1,15 +1,14 @@
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from django.conf import settings as django_settings
 from django.db import connection
 
 from approvals import guard
+from approvals.processes import child_env, database_url  # noqa: F401 - tests import them here
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -71,31 +70,9 @@ def _audit_guard(request):
         guard.remove(connection)
 
 
-def database_url() -> str:
-    """The URL of the test database, for worker processes started by a test."""
-    params = connection.settings_dict
-    if connection.vendor == "sqlite":
-        return f"sqlite:///{Path(params['NAME']).resolve()}"
-    auth = params["USER"] + (f":{params['PASSWORD']}" if params["PASSWORD"] else "")
-    return f"postgres://{auth}@{params['HOST'] or '127.0.0.1'}:{params['PORT'] or 5432}/{params['NAME']}"
-
-
 def subprocess_env(**extra: str) -> dict[str, str]:
-    keys = ",".join(
-        f"{key_id}:{__import__('base64').urlsafe_b64encode(key).decode()}"
-        for key_id, key in django_settings.APPROVALS_ENCRYPTION_KEYS
-    )
-    env = {
-        **os.environ,
-        "DATABASE_URL": database_url(),
-        "DJANGO_SECRET_KEY": django_settings.SECRET_KEY,
-        "APPROVALS_ENCRYPTION_KEYS": keys,
-        "APPROVALS_DEMO_EFFECT_LOG": str(django_settings.APPROVALS_DEMO_EFFECT_LOG),
-        "PYTHONUNBUFFERED": "1",
-    }
-    env.pop("OPENAI_API_KEY", None)
-    env.update(extra)
-    return env
+    """The environment of a process a test starts against the test database."""
+    return child_env(**extra)
 
 
 def manage(*args: str, env: dict[str, str] | None = None, **popen) -> subprocess.Popen:

@@ -17,19 +17,14 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import socket
-import subprocess
-import sys
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, subprocess_env
+from approvals.processes import ROOT, Proc, Processes, start_web
+from tests.conftest import subprocess_env
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_MISSING = "Chromium not installed at /usr/bin/chromium: apt-get install chromium"
@@ -38,7 +33,6 @@ ARTIFACTS = ROOT / "test-artifacts"
 DOCS_SCREENSHOTS = ROOT / "docs" / "screenshots"
 # Waits on observable state in the page or the processes; never a fixed sleep.
 TIMEOUT_MS = 15_000
-STARTUP_SECONDS = 30
 
 
 def chromium_skip_reason() -> str:
@@ -52,62 +46,10 @@ def chromium_skip_reason() -> str:
     return ""
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-@dataclass
-class _Process:
-    name: str
-    popen: subprocess.Popen
-    log: Path
-
-    def tail(self, lines: int = 40) -> str:
-        text = self.log.read_text(errors="replace") if self.log.exists() else ""
-        return f"--- last lines of {self.name} ({self.log}) ---\n" + "\n".join(
-            text.splitlines()[-lines:]
-        )
-
-
-def _start(name: str, args: list[str], log: Path) -> _Process:
-    # Output goes to a file, not a pipe: a chatty server must never block on a full pipe.
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("w") as out:
-        popen = subprocess.Popen(
-            [sys.executable, str(ROOT / "manage.py"), *args],
-            cwd=ROOT,
-            env=subprocess_env(LOG_LEVEL="INFO"),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-    return _Process(name, popen, log)
-
-
-def _wait_for_http(url: str, server: _Process) -> None:
-    deadline = time.monotonic() + STARTUP_SECONDS
-    while True:
-        if server.popen.poll() is not None:
-            raise AssertionError(
-                f"the console server exited with {server.popen.returncode}\n{server.tail()}"
-            )
-        try:
-            with urllib.request.urlopen(url, timeout=2) as response:
-                if response.status == 200:
-                    return
-        except (OSError, urllib.error.URLError):
-            pass
-        if time.monotonic() > deadline:
-            raise AssertionError(f"the console server did not answer {url}\n{server.tail()}")
-        time.sleep(0.1)
-
-
 @dataclass
 class LiveConsole:
     url: str
-    processes: list[_Process]
+    processes: list[Proc]
 
     def logs(self) -> str:
         return "\n".join(process.tail() for process in self.processes)
@@ -132,25 +74,18 @@ def _live_console(request, *, worker: bool) -> Iterator[LiveConsole]:
         pytest.skip(reason)
     logs = ARTIFACTS / "logs"
     name = request.node.name
-    port = _free_port()
-    processes = [
-        _start(
-            "server", ["runserver", "--noreload", f"127.0.0.1:{port}"], logs / f"{name}-server.log"
-        )
-    ]
-    if worker:
-        processes.append(
-            _start("worker", ["worker", "--interval", "0.2"], logs / f"{name}-worker.log")
-        )
-    console = LiveConsole(f"http://127.0.0.1:{port}", processes)
+    env = subprocess_env(LOG_LEVEL="INFO")
+    procs = Processes(logs)
     try:
-        _wait_for_http(f"{console.url}/login/", processes[0])
-        yield console
+        url, _ = start_web(procs, env, log=logs / f"{name}-server.log")
+        if worker:
+            procs.start(
+                "worker", "worker", "--interval", "0.2", env=env, log=logs / f"{name}-worker.log"
+            )
+        yield LiveConsole(url, procs.started)
     finally:
-        for process in processes:
-            if process.popen.poll() is None:
-                process.popen.kill()
-            process.popen.wait(timeout=30)
+        # Killed and reaped before the test database is flushed.
+        procs.stop_all(kill=True)
 
 
 @pytest.fixture

@@ -11,9 +11,6 @@ import contextlib
 import http.client
 import os
 import re
-import socket
-import subprocess
-import sys
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator
@@ -25,7 +22,8 @@ import pytest
 from django.contrib.auth.hashers import PBKDF2PasswordHasher
 from django.db import connection
 
-from tests.conftest import ROOT, subprocess_env
+from approvals.processes import Proc, Processes, free_port, wait_for_http
+from tests.conftest import subprocess_env
 
 FAULTS_DIR = Path(__file__).resolve().parent
 SKIP_REASON = "long fault tests: run make faults (APPROVALS_FAULTS=1)"
@@ -68,81 +66,13 @@ def wait_until(predicate: Callable[[], object], *, timeout: float, what: str, ev
         time.sleep(every)
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-# --- processes whose output goes to a file (a chatty process must never block on a pipe) -------
-
-
-@dataclass
-class Proc:
-    name: str
-    popen: subprocess.Popen
-    log: Path
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace") if self.log.exists() else ""
-
-    def tail(self, lines: int = 60) -> str:
-        text = "\n".join(self.output().splitlines()[-lines:])
-        return f"--- last lines of {self.name} ({self.log}) ---\n{text}"
-
-
 @pytest.fixture
 def processes(tmp_path) -> Iterator[Callable[..., Proc]]:
     """start(name, *argv, env=...) runs argv (manage.py args, or an absolute program) with its
     output in a file; every process is killed and reaped when the test ends."""
-    started: list[Proc] = []
-
-    def start(name: str, *args: str, env: dict[str, str] | None = None) -> Proc:
-        argv = list(args) if args[0].startswith("/") else [sys.executable, "manage.py", *args]
-        log = tmp_path / f"{name}-{len(started)}.log"
-        with log.open("w") as out:
-            popen = subprocess.Popen(
-                argv,
-                cwd=ROOT,
-                env=env or subprocess_env(),
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
-        proc = Proc(name, popen, log)
-        started.append(proc)
-        return proc
-
-    yield start
-    for proc in started:
-        if proc.popen.poll() is None:
-            proc.popen.kill()
-        proc.popen.wait(timeout=30)
-
-
-def wait_for_http(base_url: str, server: Proc) -> None:
-    deadline = time.monotonic() + STARTUP_SECONDS
-    parts = urllib.parse.urlsplit(base_url)
-    while True:
-        if server.popen.poll() is not None:
-            raise AssertionError(
-                f"the server exited with {server.popen.returncode}\n{server.tail()}"
-            )
-        try:
-            conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=2)
-            conn.request("GET", "/login/")
-            if conn.getresponse().status == 200:
-                conn.close()
-                return
-        except OSError:
-            pass
-        if time.monotonic() > deadline:
-            raise AssertionError(f"the server did not answer {base_url}\n{server.tail()}")
-        time.sleep(0.1)
+    procs = Processes(tmp_path)
+    yield procs.start
+    procs.stop_all(kill=True)
 
 
 def start_console(processes, *, env: dict[str, str] | None = None) -> tuple[str, Proc]:
@@ -156,7 +86,7 @@ def start_console(processes, *, env: dict[str, str] | None = None) -> tuple[str,
         env=env or subprocess_env(LOG_LEVEL="INFO"),
     )
     url = f"http://127.0.0.1:{port}"
-    wait_for_http(url, server)
+    wait_for_http(url, server, timeout=STARTUP_SECONDS)
     return url, server
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 from django.db import connection
 from django.test import Client
 
@@ -55,6 +55,9 @@ class Command(BaseCommand):
         self.stdout.flush()
 
     def handle(self, *args, json_path: str, **options) -> None:
+        if options["memory_resumes"] <= 500:
+            # Memory is compared after 500 resumes and at the end, so the end must come later.
+            raise CommandError("--memory-resumes must be more than 500")
         started = time.monotonic()
         out_dir = Path(settings.BASE_DIR) / "var" / "bench"
         out_dir.mkdir(parents=True, exist_ok=True)

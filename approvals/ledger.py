@@ -14,7 +14,6 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 
-from asgiref.sync import sync_to_async
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
@@ -156,11 +155,3 @@ def perform(
         # Tools run in the SDK's worker threads; do not leave a connection behind in each.
         if threading.current_thread() is not threading.main_thread():
             connection.close()
-
-
-async def aperform(
-    tool_call_id: str | None, *, operation: str, resource: str, effect: Callable[[], str]
-) -> str:
-    return await sync_to_async(perform, thread_sensitive=False)(
-        tool_call_id, operation=operation, resource=resource, effect=effect
-    )

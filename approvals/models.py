@@ -110,14 +110,6 @@ class Run(models.Model):
     def __str__(self) -> str:
         return f"run {self.pk} ({self.agent_key} v{self.agent_version}, {self.status})"
 
-    @property
-    def is_terminal(self) -> bool:
-        return self.status in TERMINAL_RUN_STATUSES
-
-    @property
-    def lease_expired(self) -> bool:
-        return self.lease_expires_at is not None and self.lease_expires_at <= timezone.now()
-
 
 class TicketStatus(models.TextChoices):
     PENDING = "pending", "Pending"

@@ -36,11 +36,6 @@ def expiry(expires_at: datetime, now: datetime) -> str:
     )
 
 
-@register.filter
-def status_label(value: str) -> str:
-    return str(value).replace("_", " ")
-
-
 @register.simple_tag
 def now_expiry(expires_at: datetime) -> str:
     from django.utils import timezone

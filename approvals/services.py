@@ -357,7 +357,12 @@ def decide(
         raise SelfApprovalError("you requested this call, so someone else must approve it")
     with transaction.atomic():
         # The run's lock orders decisions on one run, so exactly one of them sees "all decided".
-        run = Run.objects.select_for_update().get(pk=ticket.run_id)
+        # Only what is read here: the row also holds the state blob, which need not travel.
+        run = (
+            Run.objects.select_for_update()
+            .only("tenant_id", "status", "state_generation")
+            .get(pk=ticket.run_id)
+        )
         now = timezone.now()
         status = TicketStatus.APPROVED if approve else TicketStatus.REJECTED
         won = Ticket.objects.filter(

@@ -108,7 +108,10 @@ TEMPLATES = [
 
 _database_url = env_str("DATABASE_URL")
 DATABASES = {
-    "default": database_from_url(_database_url, base_dir=BASE_DIR)
+    # Pooled PostgreSQL connections per process (0: a new connection for each request/task).
+    "default": database_from_url(
+        _database_url, base_dir=BASE_DIR, pool_size=env_int("DATABASE_POOL_SIZE", 8)
+    )
     if _database_url
     else sqlite_database(BASE_DIR / "db.sqlite3")
 }

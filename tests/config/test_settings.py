@@ -127,9 +127,27 @@ def test_database_from_url_postgres_full_url():
         "HOST": "db.example.com",
         "PORT": "6543",
         "CONN_MAX_AGE": 0,
+        "CONN_HEALTH_CHECKS": False,
         "OPTIONS": {"sslmode": "require"},
         "TEST": {"NAME": "test_approvals"},
     }
+
+
+def test_database_from_url_with_a_pool_size_pools_checked_connections():
+    config = database_from_url(
+        "postgres://postgres@127.0.0.1/approvals", base_dir=BASE, pool_size=5
+    )
+
+    assert config["OPTIONS"]["pool"] == {"min_size": 2, "max_size": 5, "timeout": 10}
+    # Django checks a pooled connection before lending it only with health checks on.
+    assert config["CONN_HEALTH_CHECKS"] is True
+    assert config["CONN_MAX_AGE"] == 0
+
+
+def test_database_from_url_sqlite_ignores_the_pool_size():
+    config = database_from_url("sqlite:///var/console.sqlite3", base_dir=BASE, pool_size=5)
+
+    assert "pool" not in config["OPTIONS"]
 
 
 @pytest.mark.parametrize("scheme", ["postgres", "postgresql", "pgsql"])

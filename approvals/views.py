@@ -223,7 +223,6 @@ def _ticket_context(request: HttpRequest, ticket: Ticket, membership: Membership
     may_decide = membership.can_decide and ticket.is_pending and not expired and not policy_refusal
     return {
         "policy": policy,
-        "policy_label": services.version_label(policy),
         "progress": policies.progress(ticket, policy, votes),
         "my_vote": my_vote,
         "policy_refusal": policy_refusal,

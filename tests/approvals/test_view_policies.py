@@ -226,7 +226,7 @@ def test_ticket_page_shows_quorum_progress_and_policy_version(client, world):
     page = client.get(response.url).content.decode()
     assert "Your approval is recorded: 1 of 2 approvals: alice." in page
     assert 'id="quorum-progress"><strong>1 of 2 approvals: alice</strong>' in page
-    assert "V1 · any agent / deploy_release" in page
+    assert 'id="ticket-policy">v1 · any agent / deploy_release' in page
     assert 'id="already-voted"' in page
     again = client.post(reverse("approvals:decide", args=[ticket.pk]), {"decision": "approve"})
     assert again.status_code == 409

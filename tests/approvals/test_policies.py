@@ -463,3 +463,19 @@ def test_rule_text_round_trips_and_bad_regex_is_refused():
         policies.parse_auto_rules("reject if release matches ([ because broken")
     with pytest.raises(policies.RuleSyntaxError, match="line 1"):
         policies.parse_auto_rules("approve when it feels right")
+
+
+def test_policy_audit_events_become_live_hints_of_the_right_kind():
+    from approvals.live import hint_for
+    from approvals.models import AuditEvent as Event
+
+    kinds = {
+        action: hint_for(Event(action=action, run_id=1, ticket_id=2, outcome="pending"))["kind"]
+        for action in ("ticket.vote", "ticket.escalated", "ticket.auto_approved")
+    }
+
+    assert kinds == {
+        "ticket.vote": "ticket.changed",
+        "ticket.escalated": "ticket.changed",
+        "ticket.auto_approved": "ticket.decided",
+    }

@@ -2,7 +2,16 @@ from __future__ import annotations
 
 from django.contrib import admin
 
-from approvals.models import AuditEvent, IdempotencyRecord, Membership, Run, Tenant, Ticket
+from approvals.models import (
+    ApprovalPolicy,
+    AuditEvent,
+    IdempotencyRecord,
+    Membership,
+    Run,
+    Tenant,
+    Ticket,
+    TicketVote,
+)
 
 
 @admin.register(Tenant)
@@ -127,6 +136,30 @@ class IdempotencyRecordAdmin(admin.ModelAdmin):
         "completed_at",
     ]
     list_filter = ["status", "operation", "tenant"]
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+
+# Policies and votes change through the console's services (versioned, audited), never here.
+@admin.register(ApprovalPolicy)
+class ApprovalPolicyAdmin(admin.ModelAdmin):
+    list_display = ["tenant", "agent_key", "tool_name", "version", "required_approvals"]
+    list_filter = ["tenant", "on_expiry"]
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+
+@admin.register(TicketVote)
+class TicketVoteAdmin(admin.ModelAdmin):
+    list_display = ["ticket", "user", "policy", "created_at", "invalidated_at"]
+
+    def has_add_permission(self, request) -> bool:
+        return False
 
     def has_change_permission(self, request, obj=None) -> bool:
         return False

@@ -6,7 +6,8 @@ from django import forms
 from django.conf import settings
 from django.contrib.auth import get_user_model
 
-from approvals.models import RunStatus, TicketStatus
+from approvals import policies, registry
+from approvals.models import ApprovalPolicy, ExpiryAction, RunStatus, TicketStatus
 from approvals.services import MAX_MESSAGE_CHARS
 
 _NAME = re.compile(r"^[\w.:@+-]{1,200}$")
@@ -75,6 +76,8 @@ class AuditFilterForm(_TenantFilterForm):
             "exported",
             "cleared",
             "locked_out",
+            "changed",
+            "created",
         }
     )
 
@@ -136,3 +139,148 @@ class ResolveForm(forms.Form):
 class TenantSwitchForm(forms.Form):
     tenant = forms.CharField(required=False, max_length=64)
     next = forms.CharField(required=False, max_length=500)
+
+
+class PolicyForm(forms.Form):
+    """One version of an approval policy; rules are typed as short lines of text."""
+
+    tenant = forms.CharField(max_length=64, widget=forms.HiddenInput)
+    agent = forms.ChoiceField(required=False, label="Agent")
+    tool = forms.ChoiceField(required=False, label="Tool")
+    required_approvals = forms.IntegerField(
+        min_value=1,
+        max_value=policies.MAX_APPROVALS,
+        initial=1,
+        label="Approvals needed",
+        help_text="Distinct people; the requester never counts.",
+    )
+    group_rules = forms.CharField(
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 2}),
+        label="Approvals needed from groups",
+        help_text="One per line: COUNT GROUP, e.g. '1 release managers'.",
+    )
+    allowed_groups = forms.MultipleChoiceField(
+        required=False,
+        widget=forms.CheckboxSelectMultiple,
+        label="Who may decide",
+        help_text="None ticked: any approver or admin of the tenant.",
+    )
+    expiry_minutes = forms.IntegerField(
+        required=False,
+        min_value=1,
+        max_value=60 * 24 * 30,
+        label="Expires after (minutes)",
+        help_text="Empty: the console's default.",
+    )
+    on_expiry = forms.ChoiceField(choices=ExpiryAction.choices, label="On expiry")
+    expiry_message = forms.CharField(
+        required=False,
+        max_length=MAX_MESSAGE_CHARS,
+        widget=forms.Textarea(attrs={"rows": 2}),
+        label="Message to the model on an expiry rejection",
+    )
+    escalation_group = forms.ChoiceField(required=False, label="Escalate to")
+    escalation_minutes = forms.IntegerField(
+        required=False, min_value=1, max_value=60 * 24 * 30, label="Escalation window (minutes)"
+    )
+    auto_rules = forms.CharField(
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 3}),
+        label="Automatic decisions",
+        help_text="One per line: 'approve if environment != production because staging is low "
+        "risk'. Operators: ==, !=, in, not in, matches (a regular expression).",
+    )
+
+    def __init__(self, *args, groups: list[str], **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.groups = groups
+        self.fields["agent"].choices = [("", "any agent")] + [
+            (key, key) for key in sorted(settings.APPROVALS_AGENTS)
+        ]
+        self.fields["tool"].choices = [("", "any tool")] + [
+            (name, name) for name in registry.tool_names()
+        ]
+        self.fields["allowed_groups"].choices = [(g, g) for g in groups]
+        self.fields["escalation_group"].choices = [("", "nobody")] + [(g, g) for g in groups]
+
+    @classmethod
+    def initial_from(cls, policy: ApprovalPolicy, tenant_slug: str) -> dict:
+        return {
+            "tenant": tenant_slug,
+            "agent": policy.agent_key,
+            "tool": policy.tool_name,
+            "required_approvals": policy.required_approvals,
+            "group_rules": policies.format_group_rules(policy.group_rules or []),
+            "allowed_groups": list(policy.allowed_groups or []),
+            "expiry_minutes": policy.expiry_seconds // 60 if policy.expiry_seconds else None,
+            "on_expiry": policy.on_expiry,
+            "expiry_message": policy.expiry_message,
+            "escalation_group": policy.escalation_group,
+            "escalation_minutes": (
+                policy.escalation_seconds // 60 if policy.escalation_seconds else None
+            ),
+            "auto_rules": policies.format_auto_rules(policy.auto_rules or []),
+        }
+
+    def clean_group_rules(self) -> list[dict]:
+        try:
+            rules = policies.parse_group_rules(self.cleaned_data["group_rules"])
+        except policies.RuleSyntaxError as error:
+            raise forms.ValidationError(str(error).capitalize() + ".") from None
+        unknown = sorted({r["group"] for r in rules} - set(self.groups))
+        if unknown:
+            raise forms.ValidationError(
+                f"There is no group called {unknown[0]!r}; create it under Groups first."
+            )
+        return rules
+
+    def clean_auto_rules(self) -> list[dict]:
+        try:
+            return policies.parse_auto_rules(self.cleaned_data["auto_rules"])
+        except policies.RuleSyntaxError as error:
+            raise forms.ValidationError(str(error).capitalize() + ".") from None
+
+    def clean(self):
+        data = super().clean()
+        if data.get("on_expiry") == ExpiryAction.ESCALATE and not data.get("escalation_group"):
+            self.add_error("escalation_group", "Choose the group to escalate to.")
+        rules = data.get("group_rules") or []
+        needed = sum(r["count"] for r in rules)
+        if data.get("required_approvals") and needed > policies.MAX_APPROVALS:
+            self.add_error("group_rules", f"At most {policies.MAX_APPROVALS} approvals in all.")
+        return data
+
+    def policy_values(self) -> dict:
+        data = self.cleaned_data
+        return {
+            "required_approvals": data["required_approvals"],
+            "group_rules": data["group_rules"],
+            "allowed_groups": data["allowed_groups"],
+            "expiry_seconds": data["expiry_minutes"] * 60 if data["expiry_minutes"] else None,
+            "on_expiry": data["on_expiry"],
+            "expiry_message": data["expiry_message"].strip(),
+            "escalation_group": data["escalation_group"],
+            "escalation_seconds": (
+                data["escalation_minutes"] * 60 if data["escalation_minutes"] else None
+            ),
+            "auto_rules": data["auto_rules"],
+        }
+
+
+class GroupForm(forms.Form):
+    tenant = forms.CharField(max_length=64, widget=forms.HiddenInput)
+    name = forms.CharField(max_length=100, label="Group name")
+    members = forms.MultipleChoiceField(
+        required=False, widget=forms.CheckboxSelectMultiple, label="Members"
+    )
+
+    def __init__(self, *args, usernames: list[str], **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["members"].choices = [(u, u) for u in usernames]
+
+    def clean_name(self) -> str:
+        name = " ".join(self.cleaned_data["name"].split())
+        if not name:
+            raise forms.ValidationError("A group needs a name.")
+        return name

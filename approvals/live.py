@@ -28,6 +28,11 @@ KINDS = {
     "ticket.approved": "ticket.decided",
     "ticket.rejected": "ticket.decided",
     "ticket.expired": "ticket.decided",
+    "ticket.auto_approved": "ticket.decided",
+    "ticket.auto_rejected": "ticket.decided",
+    "ticket.vote": "ticket.changed",
+    "ticket.votes_invalidated": "ticket.changed",
+    "ticket.escalated": "ticket.changed",
 }
 
 

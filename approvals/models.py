@@ -119,6 +119,88 @@ class TicketStatus(models.TextChoices):
     SUPERSEDED = "superseded", "Superseded"
 
 
+class ExpiryAction(models.TextChoices):
+    EXPIRE = "expire", "Expire (the run stops)"
+    REJECT = "reject", "Reject (the model is told, the run continues)"
+    ESCALATE = "escalate", "Escalate to another group, then reject"
+
+
+class ApproverGroup(models.Model):
+    """A named set of a tenant's members, e.g. release managers; policies refer to it by name."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="approver_groups")
+    name = models.CharField(max_length=100)
+    members = models.ManyToManyField(
+        settings.AUTH_USER_MODEL, blank=True, related_name="approver_groups"
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "name"], name="approver_group_unique")
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class ApprovalPolicy(models.Model):
+    """One immutable version of the rules for (tenant, agent, tool); blank agent and tool make
+    the tenant's default. An edit writes a new row with the next version; the highest version
+    of a scope is the current one."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="policies")
+    agent_key = models.CharField(max_length=100, blank=True)
+    tool_name = models.CharField(max_length=200, blank=True)
+    version = models.PositiveIntegerField()
+    required_approvals = models.PositiveSmallIntegerField(default=1)
+    # [{"group": "release managers", "count": 1}, ...]
+    group_rules = models.JSONField(default=list, blank=True)
+    # Names of the groups whose members may decide; empty: any member who may decide.
+    allowed_groups = models.JSONField(default=list, blank=True)
+    # None: the console's default time to live.
+    expiry_seconds = models.PositiveIntegerField(null=True, blank=True)
+    on_expiry = models.CharField(
+        max_length=16, choices=ExpiryAction.choices, default=ExpiryAction.EXPIRE
+    )
+    expiry_message = models.TextField(blank=True)
+    escalation_group = models.CharField(max_length=100, blank=True)
+    escalation_seconds = models.PositiveIntegerField(null=True, blank=True)
+    # [{"argument": "environment", "op": "ne", "value": "production", "decision": "approve",
+    #   "reason": "..."}, ...]
+    auto_rules = models.JSONField(default=list, blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "agent_key", "tool_name", "version"],
+                name="policy_scope_version_unique",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.scope_label} v{self.version}"
+
+    @property
+    def scope_label(self) -> str:
+        if not self.agent_key and not self.tool_name:
+            return "tenant default"
+        return f"{self.agent_key or 'any agent'} / {self.tool_name or 'any tool'}"
+
+    @property
+    def is_builtin(self) -> bool:
+        return self.pk is None
+
+
 class Ticket(models.Model):
     run = models.ForeignKey(Run, on_delete=models.PROTECT, related_name="tickets")
     # Copied from the run so the queue is one indexed scan.
@@ -151,6 +233,15 @@ class Ticket(models.Model):
     decided_at = models.DateTimeField(null=True, blank=True)
     decision_message = models.TextField(blank=True)
     always = models.BooleanField(default=False)
+    # The policy version the ticket is decided under (None: created before policies existed).
+    policy = models.ForeignKey(
+        ApprovalPolicy, null=True, blank=True, on_delete=models.PROTECT, related_name="tickets"
+    )
+    # Set when nobody decided in time and the ticket went to the policy's escalation group.
+    escalated_at = models.DateTimeField(null=True, blank=True)
+    # "": a person decided; "rule", "expiry": decided without a person, decision_reason says why.
+    decision_source = models.CharField(max_length=16, blank=True)
+    decision_reason = models.TextField(blank=True)
 
     class Meta:
         constraints = [
@@ -184,6 +275,38 @@ class Ticket(models.Model):
 
     def is_requested_by(self, user) -> bool:
         return self.requested_by_id is not None and self.requested_by_id == user.pk
+
+
+class TicketVote(models.Model):
+    """One person's approval counted towards a ticket's quorum."""
+
+    ticket = models.ForeignKey(Ticket, on_delete=models.CASCADE, related_name="votes")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    policy = models.ForeignKey(
+        ApprovalPolicy, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+    # The groups of the ticket's policy the person belonged to when voting.
+    groups = models.JSONField(default=list, blank=True)
+    invalidated_at = models.DateTimeField(null=True, blank=True)
+    invalidated_reason = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["created_at", "pk"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["ticket", "user"],
+                condition=models.Q(invalidated_at__isnull=True),
+                name="vote_one_valid_per_person",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"vote {self.user_id} on ticket {self.ticket_id}"
+
+    @property
+    def is_valid(self) -> bool:
+        return self.invalidated_at is None
 
 
 class AuditEvent(models.Model):

@@ -27,10 +27,13 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from approvals import audit, crypto, faults, ledger, live, registry
+from approvals import audit, crypto, faults, ledger, live, policies, registry
 from approvals.agent_sessions import SessionRef, describe, reopen
 from approvals.canonical import arguments_digest, canonical_arguments
 from approvals.models import (
+    ApprovalPolicy,
+    ApproverGroup,
+    ExpiryAction,
     IdempotencyRecord,
     LedgerStatus,
     Membership,
@@ -40,6 +43,7 @@ from approvals.models import (
     Tenant,
     Ticket,
     TicketStatus,
+    TicketVote,
 )
 from approvals.redaction import find_secrets, redact, secret_shape
 
@@ -87,6 +91,10 @@ class SelfApprovalError(DecisionError):
 
 class TicketExpiredError(DecisionError):
     pass
+
+
+class AlreadyVotedError(DecisionError):
+    """The same person approved this ticket already; a quorum needs distinct people."""
 
 
 class AlreadyDecidedError(DecisionError):
@@ -188,23 +196,25 @@ def _title_from(original_input: Any) -> str:
 
 
 def _create_tickets(run: Run, interruptions, *, requested_by, now) -> list[Ticket]:
-    expires_at = now + settings.APPROVALS_TICKET_TTL
     tickets = []
     for item in interruptions:
         raw = item.arguments
+        tool_name = item.qualified_name or item.name or ""
+        policy = policies.resolve(run.tenant_id, run.agent_key, tool_name)
         tickets.append(
             Ticket.objects.create(
                 run=run,
                 tenant_id=run.tenant_id,
                 generation=run.state_generation,
                 agent_name=getattr(item.agent, "name", "") or "",
-                tool_name=item.qualified_name or item.name or "",
+                tool_name=tool_name,
                 tool_call_id=item.call_id or "",
                 arguments_json=canonical_arguments(raw),
                 arguments_digest=arguments_digest(raw),
                 requested_by=requested_by,
                 created_at=now,
-                expires_at=expires_at,
+                expires_at=now + policies.time_to_live(policy),
+                policy=None if policy.is_builtin else policy,
             )
         )
     for ticket in tickets:
@@ -217,10 +227,87 @@ def _create_tickets(run: Run, interruptions, *, requested_by, now) -> list[Ticke
             tool_name=ticket.tool_name,
             arguments_digest=ticket.arguments_digest,
             outcome="pending",
-            detail={"expires_at": ticket.expires_at.isoformat(), "call_id": ticket.tool_call_id},
+            detail={
+                "expires_at": ticket.expires_at.isoformat(),
+                "call_id": ticket.tool_call_id,
+                **({"policy": ticket.policy.version} if ticket.policy_id else {}),
+            },
         )
         live.notify_on_commit(run.tenant_id, "ticket.created", ticket=ticket.pk, run=run.pk)
+    _decide_automatically(run, tickets, now=now)
     return tickets
+
+
+def _decide_automatically(run: Run, tickets: list[Ticket], *, now) -> None:
+    """Offer each new ticket to the automatic deciders; queue the run if none is left pending.
+
+    Runs inside the caller's transaction, with the run row written (and locked when resuming).
+    """
+    decided = False
+    for ticket in tickets:
+        choice = policies.automatic_decision(policies.policy_of(ticket), ticket.arguments_json)
+        if choice is not None:
+            _record_automatic(ticket, choice, now=now)
+            decided = True
+    if decided:
+        _queue_if_decided(run, now=now, actor_name="policy")
+
+
+def _record_automatic(ticket: Ticket, choice: policies.AutoDecision, *, now) -> None:
+    status = TicketStatus.APPROVED if choice.approve else TicketStatus.REJECTED
+    message = "" if choice.approve else choice.reason[:MAX_MESSAGE_CHARS]
+    reason = f"{choice.rule}: {choice.reason}"
+    Ticket.objects.filter(pk=ticket.pk, status=TicketStatus.PENDING).update(
+        status=status,
+        decided_at=now,
+        decision_message=message,
+        decision_source="rule",
+        decision_reason=reason,
+    )
+    ticket.refresh_from_db()
+    audit.append(
+        tenant_id=ticket.tenant_id,
+        action="ticket.auto_approved" if choice.approve else "ticket.auto_rejected",
+        actor_name="policy",
+        run_id=ticket.run_id,
+        ticket_id=ticket.pk,
+        tool_name=ticket.tool_name,
+        arguments_digest=ticket.arguments_digest,
+        outcome=status,
+        detail={
+            "rule": choice.rule,
+            "reason": choice.reason,
+            "policy": ticket.policy.version if ticket.policy_id else 0,
+        },
+    )
+    live.notify_on_commit(
+        ticket.tenant_id, "ticket.decided", ticket=ticket.pk, run=ticket.run_id, status=status
+    )
+
+
+def _queue_if_decided(run: Run, *, now, actor=None, actor_name: str = "") -> bool:
+    """When no ticket of the run's current state is pending, queue the run and its resume.
+
+    Runs inside the caller's transaction, which holds the run's lock.
+    """
+    still_pending = Ticket.objects.filter(
+        run=run, generation=run.state_generation, status=TicketStatus.PENDING
+    ).exists()
+    if still_pending or run.status != RunStatus.PAUSED:
+        return False
+    Run.objects.filter(pk=run.pk).update(status=RunStatus.QUEUED, updated_at=now)
+    run.status = RunStatus.QUEUED
+    enqueue_resume(run.pk)
+    audit.append(
+        tenant_id=run.tenant_id,
+        action="run.queued",
+        actor=actor,
+        actor_name=actor_name,
+        run_id=run.pk,
+        outcome=RunStatus.QUEUED,
+    )
+    live.notify_on_commit(run.tenant_id, "run.changed", run=run.pk, status=RunStatus.QUEUED)
+    return True
 
 
 # --- pausing ----------------------------------------------------------------------------------
@@ -332,14 +419,18 @@ def membership_for(user, tenant_id: int) -> Membership | None:
 def decide(
     ticket: Ticket, *, user, approve: bool, message: str = "", always: bool = False
 ) -> Ticket:
-    """Approve or reject a pending ticket: one compare-and-set from pending.
+    """Approve or reject a pending ticket under its policy.
 
-    Side effects, in one transaction: the ticket's decision; audit event ticket.approved or
+    A rejection by anyone who may decide, or the approval that meets the policy's quorum and
+    group rules, is one compare-and-set from pending. An approval that does not yet meet them
+    is recorded as a vote and the ticket stays pending.
+    Side effects, in one transaction: a TicketVote for each approval; the ticket's decision
+    when it is final; audit event ticket.vote, ticket.approved (detail: every voter) or
     ticket.rejected; when it was the run's last pending ticket, the run becomes queued and the
     resume task is enqueued (the queue is in the same database, so both commit or neither);
     after commit, live hints. Raises TicketNotFoundError (not the user's tenant),
-    NotAllowedError, SelfApprovalError, TicketExpiredError, AlreadyDecidedError or
-    InvalidDecisionError, having written nothing.
+    NotAllowedError, SelfApprovalError, AlreadyVotedError, TicketExpiredError,
+    AlreadyDecidedError or InvalidDecisionError, having written nothing.
     """
     message = (message or "").strip()
     if len(message) > MAX_MESSAGE_CHARS:
@@ -364,6 +455,32 @@ def decide(
             .get(pk=ticket.run_id)
         )
         now = timezone.now()
+        # Read under the lock: a policy change or an escalation may have moved the ticket.
+        current = Ticket.objects.select_related("policy", "decided_by").get(pk=ticket.pk)
+        _refuse_unless_pending(current, now)
+        policy = policies.policy_of(current)
+        refusal = policies.refusal_for(user, current, policy)
+        if refusal:
+            raise NotAllowedError(refusal)
+        if approve:
+            progress = _vote(current, policy, user=user, now=now)
+            if not progress.met:
+                audit.append(
+                    tenant_id=ticket.tenant_id,
+                    action="ticket.vote",
+                    actor=user,
+                    run_id=run.pk,
+                    ticket_id=ticket.pk,
+                    tool_name=ticket.tool_name,
+                    arguments_digest=ticket.arguments_digest,
+                    outcome="pending",
+                    detail={"progress": progress.describe(), "policy": policy.version},
+                )
+                live.notify_on_commit(
+                    ticket.tenant_id, "ticket.changed", ticket=ticket.pk, run=run.pk
+                )
+                ticket.refresh_from_db()
+                return ticket
         status = TicketStatus.APPROVED if approve else TicketStatus.REJECTED
         won = Ticket.objects.filter(
             pk=ticket.pk, status=TicketStatus.PENDING, expires_at__gt=now
@@ -375,15 +492,14 @@ def decide(
             always=always,
         )
         if not won:
-            current = Ticket.objects.select_related("decided_by").get(pk=ticket.pk)
-            if current.status in (TicketStatus.PENDING, TicketStatus.EXPIRED):
-                raise TicketExpiredError(
-                    f"this ticket expired at {current.expires_at:%Y-%m-%d %H:%M:%S} UTC; "
-                    "the agent must ask again"
-                )
-            if current.status == TicketStatus.SUPERSEDED:
-                raise TicketExpiredError("this ticket was withdrawn because its run ended")
-            raise AlreadyDecidedError(current)
+            _refuse_unless_pending(
+                Ticket.objects.select_related("decided_by").get(pk=ticket.pk), now
+            )
+            raise TicketExpiredError("this ticket could not be decided; reload it")
+        detail: dict[str, Any] = {"always": always, "message": message} if message or always else {}
+        if approve and (progress.count > 1 or policy.group_rules):
+            detail["voters"] = progress.voters
+            detail["policy"] = policy.version
         audit.append(
             tenant_id=ticket.tenant_id,
             action=f"ticket.{status}",
@@ -393,27 +509,47 @@ def decide(
             tool_name=ticket.tool_name,
             arguments_digest=ticket.arguments_digest,
             outcome=status,
-            detail={"always": always, "message": message} if message or always else {},
+            detail=detail,
         )
         live.notify_on_commit(
             ticket.tenant_id, "ticket.decided", ticket=ticket.pk, run=run.pk, status=status
         )
-        still_pending = Ticket.objects.filter(
-            run=run, generation=run.state_generation, status=TicketStatus.PENDING
-        ).exists()
-        if not still_pending and run.status == RunStatus.PAUSED:
-            Run.objects.filter(pk=run.pk).update(status=RunStatus.QUEUED, updated_at=now)
-            enqueue_resume(run.pk)
-            audit.append(
-                tenant_id=run.tenant_id,
-                action="run.queued",
-                actor=user,
-                run_id=run.pk,
-                outcome=RunStatus.QUEUED,
-            )
-            live.notify_on_commit(run.tenant_id, "run.changed", run=run.pk, status=RunStatus.QUEUED)
+        _queue_if_decided(run, now=now, actor=user)
     ticket.refresh_from_db()
     return ticket
+
+
+def _refuse_unless_pending(current: Ticket, now) -> None:
+    if current.status == TicketStatus.PENDING and current.expires_at > now:
+        return
+    if current.status in (TicketStatus.PENDING, TicketStatus.EXPIRED):
+        raise TicketExpiredError(
+            f"this ticket expired at {current.expires_at:%Y-%m-%d %H:%M:%S} UTC; "
+            "the agent must ask again"
+        )
+    if current.status == TicketStatus.SUPERSEDED:
+        raise TicketExpiredError("this ticket was withdrawn because its run ended")
+    raise AlreadyDecidedError(current)
+
+
+def _vote(ticket: Ticket, policy: ApprovalPolicy, *, user, now) -> policies.Progress:
+    """Record the user's approval as a vote and return where the quorum stands."""
+    votes = list(ticket.votes.filter(invalidated_at__isnull=True).select_related("user"))
+    mine = next((v for v in votes if v.user_id == user.pk), None)
+    if mine is not None:
+        progress = policies.progress(ticket, policy, votes)
+        raise AlreadyVotedError(
+            f"you already approved this ticket at {mine.created_at:%Y-%m-%d %H:%M:%S} UTC; "
+            f"it needs another person ({progress.describe()})"
+        )
+    vote = TicketVote.objects.create(
+        ticket=ticket,
+        user=user,
+        policy=None if policy.is_builtin else policy,
+        created_at=now,
+        groups=policies.counted_groups(policies.groups_of(user, ticket.tenant_id), ticket, policy),
+    )
+    return policies.progress(ticket, policy, [*votes, vote])
 
 
 # --- resuming ---------------------------------------------------------------------------------
@@ -495,6 +631,9 @@ def _check_before_resume(run: Run, tickets: list[Ticket]) -> None:
     now = timezone.now()
     grace = timedelta(seconds=settings.APPROVALS_RESUME_GRACE_SECONDS)
     for ticket in tickets:
+        if ticket.status == TicketStatus.REJECTED and ticket.decision_source == "expiry":
+            # Rejected because it expired: the decision is the expiry itself, and runs nothing.
+            continue
         if ticket.decided_at is None or ticket.decided_at > ticket.expires_at:
             raise _Refusal(
                 f"{REGENERATE}: ticket {ticket.pk} was decided after it expired", RunStatus.EXPIRED
@@ -507,7 +646,7 @@ def _check_before_resume(run: Run, tickets: list[Ticket]) -> None:
                 f"{ticket.expires_at:%Y-%m-%d %H:%M:%S} UTC before the run could resume",
                 RunStatus.EXPIRED,
             )
-        if ticket.status == TicketStatus.APPROVED:
+        if ticket.status == TicketStatus.APPROVED and ticket.decision_source != "rule":
             approver = ticket.decided_by
             membership = membership_for(approver, run.tenant_id) if approver else None
             if membership is None or not membership.can_decide:
@@ -517,6 +656,14 @@ def _check_before_resume(run: Run, tickets: list[Ticket]) -> None:
                 )
             if ticket.is_requested_by(approver):
                 raise _Refusal(f"{REGENERATE}: ticket {ticket.pk} was approved by its requester")
+            # Every vote of a quorum counts, so each voter must still hold, not only the last.
+            for vote in ticket.votes.filter(invalidated_at__isnull=True).select_related("user"):
+                voter = membership_for(vote.user, run.tenant_id)
+                if voter is None or not voter.can_decide or ticket.is_requested_by(vote.user):
+                    raise _Refusal(
+                        f"{REGENERATE}: {vote.user.get_username()}, whose approval counted for "
+                        f"ticket {ticket.pk}, may no longer approve"
+                    )
     if run.schema_version not in SUPPORTED_SCHEMA_VERSIONS:
         raise _Refusal(
             f"{REGENERATE}: the state was written in SDK schema {run.schema_version!r}, which this "
@@ -797,6 +944,9 @@ class ReapReport:
     requeued: list[int] = field(default_factory=list)
     reenqueued: list[int] = field(default_factory=list)
     expired_runs: list[int] = field(default_factory=list)
+    rejected: list[int] = field(default_factory=list)
+    escalated: list[int] = field(default_factory=list)
+    queued: list[int] = field(default_factory=list)
 
 
 def reap(*, now=None) -> ReapReport:
@@ -804,8 +954,12 @@ def reap(*, now=None) -> ReapReport:
 
     Side effects: runs whose lease expired (their worker died) go back to queued with a new
     resume task; queued runs that waited longer than a lease get their task again (a duplicate
-    is harmless: the claim lets one through); runs with a pending ticket past its expiry become
-    expired and their pending tickets expired. Audit events and live hints for each.
+    is harmless: the claim lets one through); a pending ticket past its expiry gets its
+    policy's expiry action: "expire" (the ticket and its paused run expire), "reject" (the
+    ticket is rejected with a message for the model, ticket.rejected with detail by=expiry, and
+    the run is queued when nothing else of it is pending) or "escalate" (ticket.escalated: the
+    escalation group decides, with a new expiry; a second lapse rejects). Audit events and live
+    hints for each.
     """
     now = now or timezone.now()
     report = ReapReport()
@@ -849,14 +1003,34 @@ def reap(*, now=None) -> ReapReport:
         with transaction.atomic():
             run = Run.objects.select_for_update().get(pk=run_id)
             expiring = list(
-                Ticket.objects.filter(run=run, status=TicketStatus.PENDING, expires_at__lte=now)
+                Ticket.objects.filter(
+                    run=run, status=TicketStatus.PENDING, expires_at__lte=now
+                ).select_related("policy")
             )
             if not expiring:
                 continue
-            Ticket.objects.filter(pk__in=[t.pk for t in expiring]).update(
-                status=TicketStatus.EXPIRED
-            )
+            to_expire = []
             for ticket in expiring:
+                policy = policies.policy_of(ticket)
+                action = policy.on_expiry
+                if action == ExpiryAction.ESCALATE and (
+                    ticket.escalated_at or not policy.escalation_group
+                ):
+                    # A second lapse (or nowhere to escalate to) ends in a rejection.
+                    action = ExpiryAction.REJECT
+                if action == ExpiryAction.ESCALATE:
+                    _escalate(ticket, policy, now=now)
+                    report.escalated.append(ticket.pk)
+                elif action == ExpiryAction.REJECT:
+                    _reject_on_expiry(ticket, policy, now=now)
+                    report.rejected.append(ticket.pk)
+                else:
+                    to_expire.append(ticket)
+            if to_expire:
+                Ticket.objects.filter(pk__in=[t.pk for t in to_expire]).update(
+                    status=TicketStatus.EXPIRED
+                )
+            for ticket in to_expire:
                 audit.append(
                     tenant_id=run.tenant_id,
                     action="ticket.expired",
@@ -867,7 +1041,7 @@ def reap(*, now=None) -> ReapReport:
                     arguments_digest=ticket.arguments_digest,
                     outcome=TicketStatus.EXPIRED,
                 )
-            if run.status == RunStatus.PAUSED:
+            if to_expire and run.status == RunStatus.PAUSED:
                 Run.objects.filter(pk=run.pk).update(
                     status=RunStatus.EXPIRED,
                     status_reason="a ticket expired before anyone decided it",
@@ -883,6 +1057,8 @@ def reap(*, now=None) -> ReapReport:
                     outcome=RunStatus.EXPIRED,
                 )
                 report.expired_runs.append(run.pk)
+            elif _queue_if_decided(run, now=now, actor_name="reaper"):
+                report.queued.append(run.pk)
             live.notify_on_commit(
                 run.tenant_id,
                 "run.changed",
@@ -890,6 +1066,68 @@ def reap(*, now=None) -> ReapReport:
                 status=RunStatus.EXPIRED if run.pk in report.expired_runs else run.status,
             )
     return report
+
+
+EXPIRY_MESSAGE = (
+    "Nobody approved this {tool} call before its approval expired at {when} UTC, so it was "
+    "rejected and did not run. Do not retry it without asking the user."
+)
+
+
+def _reject_on_expiry(ticket: Ticket, policy: ApprovalPolicy, *, now) -> None:
+    """The policy's expiry action "reject": the model is told, and the run can go on."""
+    message = (policy.expiry_message or "").strip() or EXPIRY_MESSAGE.format(
+        tool=ticket.tool_name, when=f"{ticket.expires_at:%Y-%m-%d %H:%M:%S}"
+    )
+    Ticket.objects.filter(pk=ticket.pk, status=TicketStatus.PENDING).update(
+        status=TicketStatus.REJECTED,
+        decided_at=now,
+        decision_message=message[:MAX_MESSAGE_CHARS],
+        decision_source="expiry",
+        decision_reason=f"not decided by {ticket.expires_at:%Y-%m-%d %H:%M:%S} UTC",
+    )
+    audit.append(
+        tenant_id=ticket.tenant_id,
+        action="ticket.rejected",
+        actor_name="reaper",
+        run_id=ticket.run_id,
+        ticket_id=ticket.pk,
+        tool_name=ticket.tool_name,
+        arguments_digest=ticket.arguments_digest,
+        outcome=TicketStatus.REJECTED,
+        detail={"by": "expiry", "message": message[:MAX_MESSAGE_CHARS], "policy": policy.version},
+    )
+    live.notify_on_commit(
+        ticket.tenant_id,
+        "ticket.decided",
+        ticket=ticket.pk,
+        run=ticket.run_id,
+        status=TicketStatus.REJECTED,
+    )
+
+
+def _escalate(ticket: Ticket, policy: ApprovalPolicy, *, now) -> None:
+    """The policy's expiry action "escalate": the escalation group decides, with a new window."""
+    expires_at = now + policies.escalation_window(policy)
+    Ticket.objects.filter(pk=ticket.pk, status=TicketStatus.PENDING).update(
+        escalated_at=now, expires_at=expires_at
+    )
+    audit.append(
+        tenant_id=ticket.tenant_id,
+        action="ticket.escalated",
+        actor_name="reaper",
+        run_id=ticket.run_id,
+        ticket_id=ticket.pk,
+        tool_name=ticket.tool_name,
+        arguments_digest=ticket.arguments_digest,
+        outcome=TicketStatus.PENDING,
+        detail={
+            "group": policy.escalation_group,
+            "expires_at": expires_at.isoformat(),
+            "policy": policy.version,
+        },
+    )
+    live.notify_on_commit(ticket.tenant_id, "ticket.changed", ticket=ticket.pk, run=ticket.run_id)
 
 
 # --- people resolving what the worker could not -------------------------------------------
@@ -1052,3 +1290,185 @@ def rotate_keys() -> dict[str, int]:
                 detail={"runs": count, "key": primary},
             )
     return counts
+
+
+# --- policies ---------------------------------------------------------------------------------
+
+
+class PolicyError(Exception):
+    """A policy or group change was refused; nothing was written."""
+
+
+POLICY_FIELDS = (
+    "required_approvals",
+    "group_rules",
+    "allowed_groups",
+    "expiry_seconds",
+    "on_expiry",
+    "expiry_message",
+    "escalation_group",
+    "escalation_seconds",
+    "auto_rules",
+)
+
+
+def _require_admin(user, tenant_id: int) -> None:
+    membership = membership_for(user, tenant_id)
+    if membership is None or membership.role != Role.ADMIN:
+        raise PolicyError("only an admin of this tenant can change its policies")
+
+
+def version_label(policy: ApprovalPolicy) -> str:
+    return "the built-in default" if policy.is_builtin else f"v{policy.version}"
+
+
+def save_policy(
+    *, tenant: Tenant, user, agent_key: str = "", tool_name: str = "", **values: Any
+) -> ApprovalPolicy:
+    """Write the next version of the policy for (tenant, agent_key, tool_name).
+
+    Side effects, in one transaction: a new immutable ApprovalPolicy row (version + 1); audit
+    event policy.changed with the fields that changed; every pending ticket the new version now
+    governs moves to it, and the approvals given under the old version are invalidated (audit
+    ticket.votes_invalidated, live hint ticket.changed). Raises PolicyError, writing nothing.
+    """
+    _require_admin(user, tenant.pk)
+    unknown = set(values) - set(POLICY_FIELDS)
+    if unknown:
+        raise PolicyError(f"unknown policy fields: {sorted(unknown)}")
+    required = int(values.get("required_approvals", 1))
+    if not 1 <= required <= policies.MAX_APPROVALS:
+        raise PolicyError(f"required approvals must be from 1 to {policies.MAX_APPROVALS}")
+    named = {r["group"] for r in values.get("group_rules") or []}
+    named |= set(values.get("allowed_groups") or [])
+    if values.get("escalation_group"):
+        named.add(values["escalation_group"])
+    existing = set(
+        ApproverGroup.objects.filter(tenant=tenant, name__in=named).values_list("name", flat=True)
+    )
+    if named - existing:
+        raise PolicyError(f"no such group: {', '.join(sorted(named - existing))}")
+    if values.get("on_expiry") == ExpiryAction.ESCALATE and not values.get("escalation_group"):
+        raise PolicyError("escalation needs a group to escalate to")
+    for rule in values.get("auto_rules") or []:
+        if rule.get("op") not in policies.OPERATORS:
+            raise PolicyError(f"unknown operator {rule.get('op')!r}")
+    with transaction.atomic():
+        # The tenant's lock orders concurrent edits, so versions never collide.
+        Tenant.objects.select_for_update().only("pk").get(pk=tenant.pk)
+        previous = policies.current_for_scope(tenant.pk, agent_key, tool_name)
+        before = previous or policies.builtin_policy(tenant.pk)
+        now = timezone.now()
+        policy = ApprovalPolicy.objects.create(
+            tenant=tenant,
+            agent_key=agent_key,
+            tool_name=tool_name,
+            version=(previous.version if previous else 0) + 1,
+            created_by=user,
+            created_at=now,
+            **values,
+        )
+        changes = {
+            name: [getattr(before, name), getattr(policy, name)]
+            for name in POLICY_FIELDS
+            if getattr(before, name) != getattr(policy, name)
+        }
+        moved = _move_pending_tickets(policy, user=user, now=now)
+        audit.append(
+            tenant_id=tenant.pk,
+            action="policy.changed",
+            actor=user,
+            outcome="changed",
+            detail={
+                "scope": policy.scope_label,
+                "agent": agent_key,
+                "tool": tool_name,
+                "version": policy.version,
+                "changes": changes,
+                "tickets_moved": moved,
+            },
+        )
+    return policy
+
+
+def _move_pending_tickets(policy: ApprovalPolicy, *, user, now) -> int:
+    pending = Ticket.objects.filter(
+        tenant_id=policy.tenant_id, status=TicketStatus.PENDING
+    ).select_related("run", "policy")
+    if policy.tool_name:
+        pending = pending.filter(tool_name=policy.tool_name)
+    if policy.agent_key:
+        pending = pending.filter(run__agent_key=policy.agent_key)
+    moved = 0
+    for ticket in pending:
+        if ticket.policy_id == policy.pk:
+            continue
+        if policies.resolve(ticket.tenant_id, ticket.run.agent_key, ticket.tool_name) != policy:
+            continue
+        old = policies.policy_of(ticket)
+        Ticket.objects.filter(pk=ticket.pk).update(policy=policy)
+        moved += 1
+        votes = list(ticket.votes.filter(invalidated_at__isnull=True).select_related("user"))
+        if not votes:
+            continue
+        reason = (
+            f"invalidated when {user.get_username()} changed the policy to "
+            f"v{policy.version} at {now:%Y-%m-%d %H:%M} UTC"
+        )
+        TicketVote.objects.filter(pk__in=[v.pk for v in votes]).update(
+            invalidated_at=now, invalidated_reason=reason
+        )
+        noun = "approval" if len(votes) == 1 else "approvals"
+        audit.append(
+            tenant_id=ticket.tenant_id,
+            action="ticket.votes_invalidated",
+            actor=user,
+            run_id=ticket.run_id,
+            ticket_id=ticket.pk,
+            tool_name=ticket.tool_name,
+            arguments_digest=ticket.arguments_digest,
+            outcome=TicketStatus.PENDING,
+            detail={
+                "voters": [v.user.get_username() for v in votes],
+                "from": old.version,
+                "to": policy.version,
+                "reason": f"{len(votes)} {noun} given under policy {version_label(old)} "
+                f"were {reason}; approve again",
+            },
+        )
+        live.notify_on_commit(
+            ticket.tenant_id, "ticket.changed", ticket=ticket.pk, run=ticket.run_id
+        )
+    return moved
+
+
+def save_group(*, tenant: Tenant, user, name: str, members: list) -> ApproverGroup:
+    """Create an approver group, or set the members of an existing one.
+
+    Side effects, in one transaction: the group row and its members (only members of the
+    tenant are kept); audit event group.changed. Raises PolicyError, writing nothing.
+    """
+    _require_admin(user, tenant.pk)
+    name = " ".join((name or "").split())
+    if not name or len(name) > 100:
+        raise PolicyError("a group needs a name of at most 100 characters")
+    member_ids = set(
+        Membership.objects.filter(tenant=tenant, user__in=members).values_list("user_id", flat=True)
+    )
+    with transaction.atomic():
+        group, created = ApproverGroup.objects.get_or_create(tenant=tenant, name=name)
+        before = set(group.members.values_list("username", flat=True))
+        group.members.set(member_ids)
+        after = set(group.members.values_list("username", flat=True))
+        audit.append(
+            tenant_id=tenant.pk,
+            action="group.changed",
+            actor=user,
+            outcome="created" if created else "changed",
+            detail={
+                "group": name,
+                "added": sorted(after - before),
+                "removed": sorted(before - after),
+            },
+        )
+    return group

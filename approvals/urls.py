@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from approvals import views
+from approvals import policy_views, views
 
 app_name = "approvals"
 
@@ -16,4 +16,7 @@ urlpatterns = [
     path("audit/chains/", views.audit_chains, name="audit-chains"),
     path("audit/export.<str:fmt>", views.audit_export, name="audit-export"),
     path("tenant/", views.switch_tenant, name="switch-tenant"),
+    path("policies/", policy_views.policy_list, name="policies"),
+    path("policies/edit/", policy_views.policy_edit, name="policy-edit"),
+    path("policies/groups/", policy_views.group_edit, name="groups"),
 ]

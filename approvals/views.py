@@ -29,7 +29,7 @@ from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import HttpResponseClientRedirect
 from django_htmx.middleware import HtmxDetails
 
-from approvals import crypto, presenters, registry, services
+from approvals import crypto, policies, presenters, registry, services
 from approvals.audit import verify_chain
 from approvals.forms import (
     AuditFilterForm,
@@ -212,8 +212,21 @@ def _ticket_context(request: HttpRequest, ticket: Ticket, membership: Membership
         else None
     )
     expired = ticket.is_expired
-    may_decide = membership.can_decide and ticket.is_pending and not expired
+    policy = policies.policy_of(ticket)
+    votes = list(ticket.votes.select_related("user", "policy"))
+    my_vote = next((v for v in votes if v.is_valid and v.user_id == request.user.pk), None)
+    policy_refusal = (
+        policies.refusal_for(request.user, ticket, policy)
+        if membership.can_decide and ticket.is_pending
+        else ""
+    )
+    may_decide = membership.can_decide and ticket.is_pending and not expired and not policy_refusal
     return {
+        "policy": policy,
+        "progress": policies.progress(ticket, policy, votes),
+        "my_vote": my_vote,
+        "policy_refusal": policy_refusal,
+        "invalidations": _invalidations(votes),
         "ticket": ticket,
         "run": run,
         "membership": membership,
@@ -228,10 +241,27 @@ def _ticket_context(request: HttpRequest, ticket: Ticket, membership: Membership
         "may_decide": may_decide,
         "may_approve": may_decide
         and (check is not None and check.ok)
-        and not ticket.is_requested_by(request.user),
+        and not ticket.is_requested_by(request.user)
+        and my_vote is None,
         "is_requester": ticket.is_requested_by(request.user),
         "form": DecisionForm(),
     }
+
+
+def _invalidations(votes: list) -> list[str]:
+    """One sentence per policy change that invalidated approvals on this ticket."""
+    grouped: dict[tuple, list] = {}
+    for vote in votes:
+        if not vote.is_valid:
+            version = vote.policy.version if vote.policy_id else 0
+            grouped.setdefault((version, vote.invalidated_reason), []).append(vote)
+    sentences = []
+    for (version, reason), lost in grouped.items():
+        noun = "approval" if len(lost) == 1 else "approvals"
+        names = ", ".join(v.user.get_username() for v in lost)
+        label = f"policy v{version}" if version else "the built-in default policy"
+        sentences.append(f"{len(lost)} {noun} ({names}) given under {label} were {reason}.")
+    return sentences
 
 
 @login_required
@@ -273,12 +303,23 @@ def ticket_decide(request: HtmxHttpRequest, pk: int) -> HttpResponse:
                 raise Http404("No such ticket.") from None
             except (services.NotAllowedError, services.SelfApprovalError) as error:
                 problem, status = _sentence(error), 403
+            except services.AlreadyVotedError as error:
+                problem, status = _sentence(error), 409
             except services.AlreadyDecidedError as error:
                 problem, status = str(error), 409
             except services.TicketExpiredError as error:
                 problem, status = _sentence(error), 409
             except services.InvalidDecisionError as error:
                 problem, status = _sentence(error), 400
+    if status == 200 and Ticket.objects.filter(pk=ticket.pk, status=TicketStatus.PENDING).exists():
+        # A vote that does not complete the quorum: the ticket waits for the others.
+        ticket.refresh_from_db()
+        progress = policies.progress(
+            ticket, policies.policy_of(ticket), list(ticket.votes.select_related("user"))
+        )
+        messages.success(request, f"Your approval is recorded: {progress.describe()}.")
+        url = reverse("approvals:ticket", args=[ticket.pk])
+        return HttpResponseClientRedirect(url) if request.htmx else redirect(url)
     if status == 200:
         verb = "approved" if form.cleaned_data["decision"] == "approve" else "rejected"
         messages.success(request, f"Ticket #{ticket.pk} {verb}. The run continues in the worker.")
@@ -305,6 +346,13 @@ ACTION_LABELS = {
     "ticket.approved": "Approved",
     "ticket.rejected": "Rejected",
     "ticket.expired": "Ticket expired",
+    "ticket.vote": "Approval counted towards the quorum",
+    "ticket.votes_invalidated": "Approvals invalidated by a policy change",
+    "ticket.escalated": "Escalated",
+    "ticket.auto_approved": "Approved automatically by rule",
+    "ticket.auto_rejected": "Rejected automatically by rule",
+    "policy.changed": "Policy changed",
+    "group.changed": "Approver group changed",
     "run.queued": "Queued for the worker",
     "run.resuming": "Worker resuming",
     "effect.done": "Effect done",

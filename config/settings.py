@@ -209,7 +209,8 @@ APPROVALS_AGENTS: dict[str, dict[str, str | dict[str, str]]] = {
 
 APPROVALS_TICKET_TTL = timedelta(seconds=env_int("APPROVALS_TICKET_TTL_SECONDS", 86400, minimum=60))
 APPROVALS_LEASE_SECONDS = env_int("APPROVALS_LEASE_SECONDS", 60, minimum=2)
-APPROVALS_REAPER_INTERVAL_SECONDS = env_int("APPROVALS_REAPER_INTERVAL_SECONDS", 10, minimum=1)
+# The reaper also applies ticket expiry actions (reject, escalate), so it runs often.
+APPROVALS_REAPER_INTERVAL_SECONDS = env_int("APPROVALS_REAPER_INTERVAL_SECONDS", 5, minimum=1)
 APPROVALS_RESUME_GRACE_SECONDS = env_int("APPROVALS_RESUME_GRACE_SECONDS", 300)
 APPROVALS_MAX_ATTEMPTS = env_int("APPROVALS_MAX_ATTEMPTS", 5, minimum=1)
 # With the in-memory channel layer, each web process reads new audit events this often.

@@ -28,23 +28,39 @@
   if (!window.htmx || !window.WebSocket) setLive("closed", "Reload to refresh");
 
   // A live re-read must never wipe a decision someone is writing: skip it, and say so.
+  function decisionBusy(elt) {
+    const form = elt.querySelector("#decide-form");
+    if (!form) return false;
+    const message = form.querySelector("textarea");
+    const always = form.querySelector("input[name=always]");
+    return Boolean(
+      form.contains(document.activeElement) ||
+        document.querySelector("dialog.confirm[open]") !== null ||
+        (message && message.value.trim()) ||
+        (always && always.checked)
+    );
+  }
+  function keepDecision(elt) {
+    const notice = elt.querySelector("#decision-stale");
+    if (notice) notice.hidden = false;
+  }
   body.addEventListener("htmx:confirm", (event) => {
     const elt = event.detail.elt;
     const trigger = event.detail.triggeringEvent;
     if (!elt || elt.id !== "decision" || !trigger || trigger.type !== "console:changed") return;
-    const form = elt.querySelector("#decide-form");
-    if (!form) return;
-    const message = form.querySelector("textarea");
-    const always = form.querySelector("input[name=always]");
-    const busy =
-      form.contains(document.activeElement) ||
-      document.querySelector("dialog.confirm[open]") !== null ||
-      (message && message.value.trim()) ||
-      (always && always.checked);
-    if (busy) {
+    if (decisionBusy(elt)) {
       event.preventDefault();
-      const notice = elt.querySelector("#decision-stale");
-      if (notice) notice.hidden = false;
+      keepDecision(elt);
+    }
+  });
+  // The same check when the re-read comes back: typing may have started while it was on its way.
+  body.addEventListener("htmx:beforeSwap", (event) => {
+    const elt = event.detail.elt;
+    const trigger = event.detail.requestConfig && event.detail.requestConfig.triggeringEvent;
+    if (!elt || elt.id !== "decision" || !trigger || trigger.type !== "console:changed") return;
+    if (decisionBusy(elt)) {
+      event.detail.shouldSwap = false;
+      keepDecision(elt);
     }
   });
 

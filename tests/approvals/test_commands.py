@@ -11,6 +11,7 @@ from django.core.management import CommandError, call_command
 from django_tasks_db.models import DBTaskResult
 
 from approvals.models import (
+    ApproverGroup,
     AuditEvent,
     Membership,
     Run,
@@ -27,7 +28,7 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture(autouse=True)
 def _fast_password_hasher(settings):
-    # seed_demo makes thirteen users: the default hasher would dominate the test's time.
+    # seed_demo makes fifteen users: the default hasher would dominate the test's time.
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
@@ -70,15 +71,20 @@ def test_seed_demo_creates_tenants_users_and_paused_runs(session_dir):
     call_command("seed_demo", stdout=out)
 
     counts = _counts()
-    # 6 users per tenant plus the superuser; each run: run.paused + ticket.created.
+    # 7 users per tenant plus the superuser; each run: run.paused + ticket.created; per
+    # tenant two group.changed and one policy.changed.
     assert counts == {
         "tenants": 2,
-        "users": 13,
-        "memberships": 12,
+        "users": 15,
+        "memberships": 14,
         "paused runs": 4,
         "pending tickets": 4,
-        "audit events": 8,
+        "audit events": 14,
     }
+    assert sorted(
+        ApproverGroup.objects.filter(tenant__slug="acme").values_list("name", flat=True)
+    ) == ["release managers", "security reviewers"]
+    assert set(Ticket.objects.values_list("policy__version", flat=True)) == {1}
     assert out.getvalue().splitlines()[0] == "demo data ready (4 new paused runs, 16 new sessions)"
     # Four ORM sessions and four SQLite sessions per tenant, no Redis without REDIS_URL.
     assert StoredSession.objects.count() == 8

@@ -16,7 +16,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from approvals import registry, services
-from approvals.models import Membership, Role, Run, Tenant
+from approvals.models import ApprovalPolicy, ApproverGroup, Membership, Role, Run, Tenant
 from sessions_admin.models import StoredItem, StoredSession
 from sessions_admin.orm_session import DjangoSession
 from sessions_admin.stores import redis_prefix, sqlite_path
@@ -27,6 +27,8 @@ TENANTS = {"acme": "Acme Corp", "globex": "Globex"}
 USERS = {
     "approver": Role.APPROVER,
     "approver2": Role.APPROVER,
+    # A third approver: two approve under a two-approval policy while the third watches.
+    "approver3": Role.APPROVER,
     "viewer": Role.VIEWER,
     "auditor": Role.AUDITOR,
     "admin": Role.ADMIN,
@@ -63,6 +65,8 @@ class Command(BaseCommand):
             if created:
                 superuser.set_password(DEMO_PASSWORD)
                 superuser.save()
+            for slug, tenant in tenants.items():
+                _seed_policy(tenant, slug)
 
         session_dir = settings.APPROVALS_SQLITE_SESSION_DIR
         session_dir.mkdir(parents=True, exist_ok=True)
@@ -104,6 +108,26 @@ class Command(BaseCommand):
             names = ", ".join(f"{slug}-{suffix} ({role})" for suffix, role in USERS.items())
             self.stdout.write(f"  {slug}: {names}")
         self.stdout.write("  admin (Django admin superuser)")
+
+
+# group -> username suffixes; policies name these groups in their rules and escalations.
+GROUPS = {
+    "release managers": ["approver", "approver2"],
+    "security reviewers": ["approver3", "admin"],
+}
+
+
+def _seed_policy(tenant: Tenant, slug: str) -> None:
+    """Approver groups and a tenant default equal to the built-in one (1 approval, any approver,
+    expire): an admin raises the deploy tool to two approvals from the Policies page."""
+    User = get_user_model()  # noqa: N806
+    admin = User.objects.get(username=f"{slug}-admin")
+    for name, suffixes in GROUPS.items():
+        if not ApproverGroup.objects.filter(tenant=tenant, name=name).exists():
+            members = list(User.objects.filter(username__in=[f"{slug}-{s}" for s in suffixes]))
+            services.save_group(tenant=tenant, user=admin, name=name, members=members)
+    if not ApprovalPolicy.objects.filter(tenant=tenant).exists():
+        services.save_policy(tenant=tenant, user=admin, required_approvals=1, on_expiry="expire")
 
 
 def _conversation(topic: str) -> list[dict]:

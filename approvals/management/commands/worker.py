@@ -26,12 +26,16 @@ def _reaper_loop(interval: float, stop: threading.Event) -> None:
     while not stop.wait(interval):
         try:
             report = services.reap()
-            if report.requeued or report.reenqueued or report.expired_runs:
+            if any(vars(report).values()):
                 logger.info(
-                    "reaper: requeued %s, re-enqueued %s, expired %s",
+                    "reaper: requeued %s, re-enqueued %s, expired %s, rejected %s, "
+                    "escalated %s, queued %s",
                     report.requeued,
                     report.reenqueued,
                     report.expired_runs,
+                    report.rejected,
+                    report.escalated,
+                    report.queued,
                 )
         except Exception:
             logger.exception("reaper pass failed; trying again next time")

@@ -1,0 +1,194 @@
+"""The admins' pages for approval policies and approver groups. Anyone else gets 404."""
+
+from __future__ import annotations
+
+from urllib.parse import urlencode
+
+from django.conf import settings
+from django.contrib import messages
+from django.contrib.auth import get_user_model
+from django.contrib.auth.decorators import login_required
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.views.decorators.http import require_GET, require_http_methods
+
+from approvals import policies, registry, services
+from approvals.forms import GroupForm, PolicyForm
+from approvals.models import ApprovalPolicy, ApproverGroup, Membership, Role, Tenant
+from approvals.views import _active_tenant, _memberships
+
+HISTORY_LENGTH = 50
+
+
+def _get_admin_tenant(request: HttpRequest, slug: str) -> Tenant:
+    """The tenant named (or the active one, or the first) if the user is its admin; else 404."""
+    admin_of = {
+        m.tenant.slug: m.tenant for m in _memberships(request).values() if m.role == Role.ADMIN
+    }
+    slug = slug or _active_tenant(request)
+    if not slug and admin_of:
+        slug = sorted(admin_of)[0]
+    tenant = admin_of.get(slug)
+    if tenant is None:
+        raise Http404("No such page.")
+    return tenant
+
+
+def _group_names(tenant: Tenant) -> list[str]:
+    return list(ApproverGroup.objects.filter(tenant=tenant).values_list("name", flat=True))
+
+
+def _current_policies(tenant: Tenant) -> list[ApprovalPolicy]:
+    latest: dict[tuple[str, str], ApprovalPolicy] = {}
+    for policy in ApprovalPolicy.objects.filter(tenant=tenant).order_by("version"):
+        latest[(policy.agent_key, policy.tool_name)] = policy
+    return sorted(latest.values(), key=lambda p: (bool(p.agent_key or p.tool_name), p.scope_label))
+
+
+def _admin_tenants(request: HttpRequest) -> list[Tenant]:
+    return sorted(
+        (m.tenant for m in _memberships(request).values() if m.role == Role.ADMIN),
+        key=lambda t: t.slug,
+    )
+
+
+def _policies_url(tenant: Tenant) -> str:
+    return f"{reverse('approvals:policies')}?tenant={tenant.slug}"
+
+
+@login_required
+@require_GET
+def policy_list(request: HttpRequest) -> HttpResponse:
+    tenant = _get_admin_tenant(request, request.GET.get("tenant", ""))
+    current = _current_policies(tenant)
+    return render(
+        request,
+        "approvals/policies.html",
+        {
+            "tenant": tenant,
+            "tenants": _admin_tenants(request),
+            "current": current,
+            "has_default": any(not (p.agent_key or p.tool_name) for p in current),
+            "builtin": policies.builtin_policy(tenant.pk),
+            "groups": ApproverGroup.objects.filter(tenant=tenant).prefetch_related("members"),
+            "agents": sorted(settings.APPROVALS_AGENTS),
+            "tools": registry.tool_names(),
+        },
+    )
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def policy_edit(request: HttpRequest) -> HttpResponse:
+    data = request.POST if request.method == "POST" else request.GET
+    tenant = _get_admin_tenant(request, data.get("tenant", ""))
+    groups = _group_names(tenant)
+    agent_key, tool_name = data.get("agent", ""), data.get("tool", "")
+    form = PolicyForm(request.POST if request.method == "POST" else None, groups=groups)
+    status = 200
+    if request.method == "POST":
+        if form.is_valid():
+            agent_key, tool_name = form.cleaned_data["agent"], form.cleaned_data["tool"]
+            try:
+                policy = services.save_policy(
+                    tenant=tenant,
+                    user=request.user,
+                    agent_key=agent_key,
+                    tool_name=tool_name,
+                    **form.policy_values(),
+                )
+            except services.PolicyError as error:
+                form.add_error(None, str(error).capitalize() + ".")
+            else:
+                messages.success(
+                    request,
+                    f"Saved {policy.scope_label} v{policy.version}. Pending tickets it governs "
+                    "now follow it; approvals given under the previous version count no more.",
+                )
+                return redirect(_edit_url(tenant, agent_key, tool_name))
+        status = 400
+    else:
+        current = policies.current_for_scope(tenant.pk, agent_key, tool_name)
+        base = current or policies.resolve(tenant.pk, agent_key, tool_name)
+        initial = PolicyForm.initial_from(base, tenant.slug)
+        initial.update(agent=agent_key, tool=tool_name)
+        form = PolicyForm(initial=initial, groups=groups)
+        if agent_key not in dict(form.fields["agent"].choices) or tool_name not in dict(
+            form.fields["tool"].choices
+        ):
+            raise Http404("No such agent or tool.")
+    history = (
+        ApprovalPolicy.objects.filter(tenant=tenant, agent_key=agent_key, tool_name=tool_name)
+        .select_related("created_by")
+        .order_by("-version")[:HISTORY_LENGTH]
+    )
+    return render(
+        request,
+        "approvals/policy_edit.html",
+        {
+            "tenant": tenant,
+            "form": form,
+            "scope": ApprovalPolicy(agent_key=agent_key, tool_name=tool_name).scope_label,
+            "history": history,
+            "groups": groups,
+        },
+        status=status,
+    )
+
+
+def _edit_url(tenant: Tenant, agent_key: str, tool_name: str) -> str:
+    query = urlencode({"tenant": tenant.slug, "agent": agent_key, "tool": tool_name})
+    return f"{reverse('approvals:policy-edit')}?{query}"
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def group_edit(request: HttpRequest) -> HttpResponse:
+    data = request.POST if request.method == "POST" else request.GET
+    tenant = _get_admin_tenant(request, data.get("tenant", ""))
+    usernames = sorted(
+        Membership.objects.filter(tenant=tenant).values_list("user__username", flat=True)
+    )
+    status = 200
+    if request.method == "POST":
+        form = GroupForm(request.POST, usernames=usernames)
+        if form.is_valid():
+            members = get_user_model().objects.filter(username__in=form.cleaned_data["members"])
+            try:
+                group = services.save_group(
+                    tenant=tenant,
+                    user=request.user,
+                    name=form.cleaned_data["name"],
+                    members=list(members),
+                )
+            except services.PolicyError as error:
+                form.add_error(None, str(error).capitalize() + ".")
+            else:
+                messages.success(request, f"Saved the group {group.name}.")
+                return redirect(f"{reverse('approvals:groups')}?tenant={tenant.slug}")
+        status = 400
+    else:
+        name = request.GET.get("name", "")
+        existing = ApproverGroup.objects.filter(tenant=tenant, name=name).first()
+        form = GroupForm(
+            initial={
+                "tenant": tenant.slug,
+                "name": name,
+                "members": (
+                    list(existing.members.values_list("username", flat=True)) if existing else []
+                ),
+            },
+            usernames=usernames,
+        )
+    return render(
+        request,
+        "approvals/groups.html",
+        {
+            "tenant": tenant,
+            "form": form,
+            "groups": ApproverGroup.objects.filter(tenant=tenant).prefetch_related("members"),
+            "policies_url": _policies_url(tenant),
+        },
+        status=status,
+    )

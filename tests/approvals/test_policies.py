@@ -1,0 +1,481 @@
+"""Approval policies: quorum, group rules, self-approval, policy versions, expiry actions and
+automatic decisions, through the services."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+from django_tasks_db.models import DBTaskResult
+
+from approvals import demo, policies, services
+from approvals.models import (
+    ApprovalPolicy,
+    ApproverGroup,
+    AuditEvent,
+    Role,
+    Run,
+    RunStatus,
+    Ticket,
+    TicketStatus,
+    TicketVote,
+)
+from tests.factories import TenantFactory, member, paused_run
+
+pytestmark = pytest.mark.django_db
+
+TASK_PATH = "approvals.tasks.resume_run_task"
+
+
+def resume_tasks(run: Run) -> int:
+    tasks = DBTaskResult.objects.filter(task_path=TASK_PATH)
+    return sum(1 for task in tasks if task.args_kwargs["args"] == [run.pk])
+
+
+def actions(ticket: Ticket) -> list[str]:
+    return list(
+        AuditEvent.objects.filter(ticket_id=ticket.pk)
+        .order_by("seq")
+        .values_list("action", flat=True)
+    )
+
+
+@pytest.fixture
+def world():
+    tenant = TenantFactory(slug="acme")
+    people = {
+        "admin": member(tenant, Role.ADMIN, username="boss"),
+        "requester": member(tenant, Role.VIEWER, username="req"),
+        "alice": member(tenant, Role.APPROVER, username="alice"),
+        "bob": member(tenant, Role.APPROVER, username="bob"),
+        "carol": member(tenant, Role.APPROVER, username="carol"),
+    }
+    return tenant, people
+
+
+def group(tenant, name, *users) -> ApproverGroup:
+    found, _ = ApproverGroup.objects.get_or_create(tenant=tenant, name=name)
+    found.members.add(*users)
+    return found
+
+
+def set_policy(tenant, admin, tool_name="deploy_release", agent_key="", **values):
+    return services.save_policy(
+        tenant=tenant, user=admin, agent_key=agent_key, tool_name=tool_name, **values
+    )
+
+
+def new_ticket(tenant, requester, prompt="Deploy release 2026.07.24 to production") -> Ticket:
+    return Ticket.objects.get(run=paused_run(tenant, requested_by=requester, prompt=prompt))
+
+
+# --- resolution -----------------------------------------------------------------------------
+
+
+def test_policy_resolution_prefers_the_most_specific_current_version(world):
+    tenant, p = world
+    assert policies.resolve(tenant.pk, "release", "deploy_release").is_builtin
+    default = set_policy(tenant, p["admin"], tool_name="", required_approvals=3)
+    assert policies.resolve(tenant.pk, "release", "deploy_release") == default
+    set_policy(tenant, p["admin"], required_approvals=2)
+    latest = set_policy(tenant, p["admin"], required_approvals=4)
+
+    assert policies.resolve(tenant.pk, "release", "deploy_release") == latest
+    assert latest.version == 2
+    assert policies.resolve(tenant.pk, "invoice", "publish_invoice") == default
+    assert ApprovalPolicy.objects.filter(tenant=tenant, tool_name="deploy_release").count() == 2
+
+
+def test_ticket_records_its_policy_and_its_expiry_comes_from_it(world):
+    tenant, p = world
+    policy = set_policy(tenant, p["admin"], expiry_seconds=600)
+
+    ticket = new_ticket(tenant, p["requester"])
+
+    assert ticket.policy == policy
+    assert ticket.expires_at - ticket.created_at == timedelta(seconds=600)
+
+
+def test_policy_change_is_audited_with_a_diff(world):
+    tenant, p = world
+    set_policy(tenant, p["admin"], required_approvals=2)
+
+    event = AuditEvent.objects.get(action="policy.changed")
+
+    assert event.actor_name == "boss"
+    assert event.detail["version"] == 1
+    assert event.detail["changes"] == {"required_approvals": [1, 2]}
+
+
+def test_policy_change_by_a_non_admin_is_refused(world):
+    tenant, p = world
+    with pytest.raises(services.PolicyError):
+        set_policy(tenant, p["alice"], required_approvals=2)
+    with pytest.raises(services.PolicyError):
+        set_policy(tenant, p["admin"], required_approvals=2, allowed_groups=["nobody"])
+    assert ApprovalPolicy.objects.count() == 0
+
+
+# --- quorum ---------------------------------------------------------------------------------
+
+
+def test_quorum_of_two_one_approver_twice_stays_pending_then_second_approves(world):
+    tenant, p = world
+    set_policy(tenant, p["admin"], required_approvals=2)
+    ticket = new_ticket(tenant, p["requester"])
+
+    services.decide(ticket, user=p["alice"], approve=True)
+    with pytest.raises(services.AlreadyVotedError, match="already approved"):
+        services.decide(ticket, user=p["alice"], approve=True)
+
+    ticket.refresh_from_db()
+    assert ticket.status == TicketStatus.PENDING
+    assert TicketVote.objects.filter(ticket=ticket).count() == 1
+    assert ticket.run.status == RunStatus.PAUSED
+    assert resume_tasks(ticket.run) == 0
+    assert actions(ticket) == ["ticket.created", "ticket.vote"]
+
+    services.decide(ticket, user=p["bob"], approve=True)
+
+    ticket.refresh_from_db()
+    assert ticket.status == TicketStatus.APPROVED
+    assert ticket.decided_by == p["bob"]
+    assert Run.objects.get(pk=ticket.run_id).status == RunStatus.QUEUED
+    assert resume_tasks(ticket.run) == 1
+    approved = AuditEvent.objects.get(ticket_id=ticket.pk, action="ticket.approved")
+    assert approved.detail["voters"] == ["alice", "bob"]
+
+
+def test_quorum_of_one_behaves_as_before(world):
+    tenant, p = world
+    ticket = new_ticket(tenant, p["requester"])
+
+    services.decide(ticket, user=p["alice"], approve=True)
+
+    ticket.refresh_from_db()
+    assert ticket.status == TicketStatus.APPROVED
+    assert actions(ticket) == ["ticket.created", "ticket.approved"]
+    assert resume_tasks(ticket.run) == 1
+
+
+def test_rejection_by_one_eligible_person_rejects_at_once_under_a_quorum(world):
+    tenant, p = world
+    set_policy(tenant, p["admin"], required_approvals=2)
+    ticket = new_ticket(tenant, p["requester"])
+    services.decide(ticket, user=p["alice"], approve=True)
+
+    services.decide(ticket, user=p["bob"], approve=False, message="not today")
+
+    ticket.refresh_from_db()
+    assert ticket.status == TicketStatus.REJECTED
+    assert resume_tasks(ticket.run) == 1
+
+
+def test_group_rules_need_one_from_each_group(world):
+    tenant, p = world
+    group(tenant, "release managers", p["alice"], p["bob"])
+    group(tenant, "security reviewers", p["carol"])
+    set_policy(
+        tenant,
+        p["admin"],
+        required_approvals=2,
+        group_rules=[
+            {"group": "release managers", "count": 1},
+            {"group": "security reviewers", "count": 1},
+        ],
+    )
+    ticket = new_ticket(tenant, p["requester"])
+
+    services.decide(ticket, user=p["alice"], approve=True)
+    services.decide(ticket, user=p["bob"], approve=True)
+
+    ticket.refresh_from_db()
+    assert ticket.status == TicketStatus.PENDING
+    progress = policies.progress(ticket, ticket.policy, list(ticket.votes.all()))
+    assert progress.describe() == "2 of 2 approvals: alice, bob; needs 1 from security reviewers"
+
+    services.decide(ticket, user=p["carol"], approve=True)
+
+    ticket.refresh_from_db()
+    assert ticket.status == TicketStatus.APPROVED
+    assert ticket.decided_by == p["carol"]
+
+
+def test_only_allowed_groups_may_decide_and_the_refusal_names_them(world):
+    tenant, p = world
+    group(tenant, "release managers", p["alice"])
+    set_policy(tenant, p["admin"], allowed_groups=["release managers"])
+    ticket = new_ticket(tenant, p["requester"])
+
+    with pytest.raises(services.NotAllowedError, match="only members of release managers"):
+        services.decide(ticket, user=p["bob"], approve=True)
+    with pytest.raises(services.NotAllowedError):
+        services.decide(ticket, user=p["bob"], approve=False)
+    assert TicketVote.objects.count() == 0
+
+    services.decide(ticket, user=p["alice"], approve=True)
+    assert Ticket.objects.get(pk=ticket.pk).status == TicketStatus.APPROVED
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {},
+        {"required_approvals": 2},
+        {"group_rules": [{"group": "release managers", "count": 1}]},
+    ],
+    ids=["quorum-1", "quorum-2", "group-rule"],
+)
+def test_self_approval_is_refused_under_every_policy(world, values):
+    tenant, p = world
+    group(tenant, "release managers", p["alice"], p["bob"])
+    set_policy(tenant, p["admin"], **values)
+    ticket = new_ticket(tenant, p["alice"])
+
+    with pytest.raises(services.SelfApprovalError):
+        services.decide(ticket, user=p["alice"], approve=True)
+
+    ticket.refresh_from_db()
+    assert ticket.status == TicketStatus.PENDING
+    assert TicketVote.objects.count() == 0
+
+
+# --- policy changes -------------------------------------------------------------------------
+
+
+def test_policy_change_invalidates_pending_votes_then_approving_again_works(world):
+    tenant, p = world
+    v1 = set_policy(tenant, p["admin"], required_approvals=2)
+    ticket = new_ticket(tenant, p["requester"])
+    services.decide(ticket, user=p["alice"], approve=True)
+
+    v2 = set_policy(tenant, p["admin"], required_approvals=2, expiry_seconds=7200)
+
+    ticket.refresh_from_db()
+    assert ticket.policy == v2
+    vote = TicketVote.objects.get(ticket=ticket)
+    assert vote.policy == v1
+    assert not vote.is_valid
+    event = AuditEvent.objects.get(ticket_id=ticket.pk, action="ticket.votes_invalidated")
+    assert event.detail["voters"] == ["alice"]
+    assert event.detail["reason"].startswith(
+        "1 approval given under policy v1 were invalidated when boss changed the policy to v2"
+    )
+
+    services.decide(ticket, user=p["bob"], approve=True)
+    assert Ticket.objects.get(pk=ticket.pk).status == TicketStatus.PENDING
+    services.decide(ticket, user=p["alice"], approve=True)
+    ticket.refresh_from_db()
+    assert ticket.status == TicketStatus.APPROVED
+    assert TicketVote.objects.filter(ticket=ticket).count() == 3
+
+
+def test_a_new_specific_policy_takes_over_tickets_on_the_default(world):
+    tenant, p = world
+    ticket = new_ticket(tenant, p["requester"])
+    assert ticket.policy is None
+
+    policy = set_policy(tenant, p["admin"], required_approvals=2)
+
+    ticket.refresh_from_db()
+    assert ticket.policy == policy
+    services.decide(ticket, user=p["alice"], approve=True)
+    assert Ticket.objects.get(pk=ticket.pk).status == TicketStatus.PENDING
+
+
+# --- expiry ---------------------------------------------------------------------------------
+
+
+def lapse(ticket: Ticket) -> None:
+    Ticket.objects.filter(pk=ticket.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_expiry_reject_rejects_with_a_message_and_the_run_resumes(world):
+    tenant, p = world
+    set_policy(tenant, p["admin"], on_expiry="reject")
+    ticket = new_ticket(tenant, p["requester"])
+    lapse(ticket)
+
+    report = services.reap()
+
+    ticket.refresh_from_db()
+    assert report.rejected == [ticket.pk]
+    assert ticket.status == TicketStatus.REJECTED
+    assert ticket.decision_source == "expiry"
+    assert "was rejected and did not run" in ticket.decision_message
+    event = AuditEvent.objects.get(ticket_id=ticket.pk, action="ticket.rejected")
+    assert event.detail["by"] == "expiry"
+    assert Run.objects.get(pk=ticket.run_id).status == RunStatus.QUEUED
+    assert resume_tasks(ticket.run) == 1
+
+    outcome = services.resume(run_id=ticket.run_id)
+
+    assert outcome.status == RunStatus.COMPLETED
+    assert demo.read_effects() == []
+
+
+def test_expiry_escalate_moves_to_the_group_then_rejects_on_a_second_lapse(world):
+    tenant, p = world
+    group(tenant, "on-call leads", p["carol"])
+    set_policy(
+        tenant,
+        p["admin"],
+        on_expiry="escalate",
+        escalation_group="on-call leads",
+        escalation_seconds=900,
+    )
+    ticket = new_ticket(tenant, p["requester"])
+    lapse(ticket)
+
+    report = services.reap()
+
+    ticket.refresh_from_db()
+    assert report.escalated == [ticket.pk]
+    assert ticket.status == TicketStatus.PENDING
+    assert ticket.escalated_at is not None
+    assert timedelta(seconds=890) < ticket.expires_at - timezone.now() <= timedelta(seconds=900)
+    assert actions(ticket)[-1] == "ticket.escalated"
+    with pytest.raises(services.NotAllowedError, match="escalated"):
+        services.decide(ticket, user=p["alice"], approve=True)
+
+    lapse(ticket)
+    report = services.reap()
+
+    ticket.refresh_from_db()
+    assert report.rejected == [ticket.pk]
+    assert ticket.status == TicketStatus.REJECTED
+    assert Run.objects.get(pk=ticket.run_id).status == RunStatus.QUEUED
+
+
+@pytest.mark.django_db(transaction=True)
+def test_escalated_ticket_can_be_approved_by_the_escalation_group(world):
+    tenant, p = world
+    group(tenant, "on-call leads", p["carol"])
+    set_policy(tenant, p["admin"], on_expiry="escalate", escalation_group="on-call leads")
+    ticket = new_ticket(tenant, p["requester"])
+    lapse(ticket)
+    services.reap()
+
+    services.decide(Ticket.objects.get(pk=ticket.pk), user=p["carol"], approve=True)
+
+    assert Ticket.objects.get(pk=ticket.pk).status == TicketStatus.APPROVED
+    assert services.resume(run_id=ticket.run_id).status == RunStatus.COMPLETED
+    assert len(demo.read_effects()) == 1
+
+
+def test_expiry_expire_keeps_todays_behaviour(world):
+    tenant, p = world
+    ticket = new_ticket(tenant, p["requester"])
+    lapse(ticket)
+
+    report = services.reap()
+
+    assert report.expired_runs == [ticket.run_id]
+    assert Ticket.objects.get(pk=ticket.pk).status == TicketStatus.EXPIRED
+
+
+# --- automatic decisions --------------------------------------------------------------------
+
+STAGING_RULE = {
+    "argument": "environment",
+    "op": "ne",
+    "value": "production",
+    "decision": "approve",
+    "reason": "staging deployments are low risk",
+}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_automatic_approval_by_rule_queues_the_run(world):
+    tenant, p = world
+    set_policy(tenant, p["admin"], auto_rules=[STAGING_RULE])
+
+    ticket = new_ticket(tenant, p["requester"], prompt="Deploy release 2026.07.25 to staging")
+
+    assert ticket.status == TicketStatus.APPROVED
+    assert ticket.decision_source == "rule"
+    assert ticket.decision_reason == (
+        "approve if environment != production: staging deployments are low risk"
+    )
+    event = AuditEvent.objects.get(ticket_id=ticket.pk, action="ticket.auto_approved")
+    assert event.detail["reason"] == "staging deployments are low risk"
+    assert Run.objects.get(pk=ticket.run_id).status == RunStatus.QUEUED
+    assert resume_tasks(ticket.run) == 1
+    assert services.resume(run_id=ticket.run_id).status == RunStatus.COMPLETED
+    assert [e["environment"] for e in demo.read_effects()] == ["staging"]
+
+
+def test_a_call_the_rule_does_not_match_becomes_a_normal_ticket(world):
+    tenant, p = world
+    set_policy(tenant, p["admin"], auto_rules=[STAGING_RULE])
+
+    ticket = new_ticket(tenant, p["requester"])
+
+    assert ticket.status == TicketStatus.PENDING
+    assert Run.objects.get(pk=ticket.run_id).status == RunStatus.PAUSED
+    assert "ticket.auto_approved" not in actions(ticket)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_automatic_rejection_by_rule_gives_the_reason_to_the_model(world):
+    tenant, p = world
+    rule = {
+        "argument": "release",
+        "op": "matches",
+        "value": r"2026\.07\..*",
+        "decision": "reject",
+        "reason": "July releases are frozen",
+    }
+    set_policy(tenant, p["admin"], auto_rules=[rule])
+
+    ticket = new_ticket(tenant, p["requester"])
+
+    assert ticket.status == TicketStatus.REJECTED
+    assert ticket.decision_message == "July releases are frozen"
+    assert actions(ticket)[-1] == "ticket.auto_rejected"
+    assert services.resume(run_id=ticket.run_id).status == RunStatus.COMPLETED
+    assert demo.read_effects() == []
+
+
+@pytest.mark.parametrize(
+    ("op", "value", "matches"),
+    [
+        ("eq", "staging", True),
+        ("ne", "staging", False),
+        ("in", "staging, qa", True),
+        ("not_in", "staging, qa", False),
+        ("matches", "stag.*", True),
+        ("matches", "prod.*", False),
+    ],
+)
+def test_rule_operators(op, value, matches):
+    rule = {"argument": "environment", "op": op, "value": value}
+    assert policies.rule_matches(rule, {"environment": "staging"}) is matches
+    assert policies.rule_matches(rule, {"other": "staging"}) is False
+
+
+def test_rule_text_round_trips_and_bad_regex_is_refused():
+    text = "approve if environment != production because staging is low risk"
+    assert policies.format_auto_rules(policies.parse_auto_rules(text)) == text
+    with pytest.raises(policies.RuleSyntaxError, match="regular expression"):
+        policies.parse_auto_rules("reject if release matches ([ because broken")
+    with pytest.raises(policies.RuleSyntaxError, match="line 1"):
+        policies.parse_auto_rules("approve when it feels right")
+
+
+def test_policy_audit_events_become_live_hints_of_the_right_kind():
+    from approvals.live import hint_for
+    from approvals.models import AuditEvent as Event
+
+    kinds = {
+        action: hint_for(Event(action=action, run_id=1, ticket_id=2, outcome="pending"))["kind"]
+        for action in ("ticket.vote", "ticket.escalated", "ticket.auto_approved")
+    }
+
+    assert kinds == {
+        "ticket.vote": "ticket.changed",
+        "ticket.escalated": "ticket.changed",
+        "ticket.auto_approved": "ticket.decided",
+    }

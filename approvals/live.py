@@ -28,6 +28,9 @@ KINDS = {
     "ticket.approved": "ticket.decided",
     "ticket.rejected": "ticket.decided",
     "ticket.expired": "ticket.decided",
+    "ticket.claimed": "ticket.changed",
+    "ticket.released": "ticket.changed",
+    "ticket.commented": "ticket.changed",
 }
 
 

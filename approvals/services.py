@@ -368,6 +368,9 @@ def decide(
             decided_at=now,
             decision_message=message,
             always=always,
+            # A decision ends whoever was "on it".
+            claimed_by=None,
+            claimed_at=None,
         )
         if not won:
             current = Ticket.objects.select_related("decided_by").get(pk=ticket.pk)

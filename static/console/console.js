@@ -28,24 +28,38 @@
   if (!window.htmx || !window.WebSocket) setLive("closed", "Reload to refresh");
 
   // A live re-read must never wipe a decision someone is writing: skip it, and say so.
-  body.addEventListener("htmx:confirm", (event) => {
-    const elt = event.detail.elt;
-    const trigger = event.detail.triggeringEvent;
-    if (!elt || elt.id !== "decision" || !trigger || trigger.type !== "console:changed") return;
+  function decisionBusy(elt) {
     const form = elt.querySelector("#decide-form");
-    if (!form) return;
+    if (!form) return false;
     const message = form.querySelector("textarea");
     const always = form.querySelector("input[name=always]");
-    const busy =
+    return Boolean(
       form.contains(document.activeElement) ||
       document.querySelector("dialog.confirm[open]") !== null ||
       (message && message.value.trim()) ||
-      (always && always.checked);
-    if (busy) {
-      event.preventDefault();
-      const notice = elt.querySelector("#decision-stale");
-      if (notice) notice.hidden = false;
-    }
+      (always && always.checked)
+    );
+  }
+  function liveReread(elt, trigger) {
+    return elt && elt.id === "decision" && trigger && trigger.type === "console:changed";
+  }
+  function showStale(elt) {
+    const notice = elt.querySelector("#decision-stale");
+    if (notice) notice.hidden = false;
+  }
+  body.addEventListener("htmx:confirm", (event) => {
+    const elt = event.detail.elt;
+    if (!liveReread(elt, event.detail.triggeringEvent) || !decisionBusy(elt)) return;
+    event.preventDefault();
+    showStale(elt);
+  });
+  // The re-read may have left before the person started typing: check again before it lands.
+  body.addEventListener("htmx:beforeSwap", (event) => {
+    const config = event.detail.requestConfig;
+    const elt = config && config.elt;
+    if (!liveReread(elt, config.triggeringEvent) || !decisionBusy(elt)) return;
+    event.detail.shouldSwap = false;
+    showStale(elt);
   });
 
   // --- tenant switcher submits on change (a button is shown when scripts are off) ---

@@ -79,7 +79,8 @@ def claim(ticket: Ticket, *, user, take_over: bool = False) -> Ticket:
         open_tickets = Ticket.objects.filter(
             pk=ticket.pk, status=TicketStatus.PENDING, expires_at__gt=now
         )
-        before = open_tickets.select_for_update().select_related("claimed_by").first()
+        # Locked alone: PostgreSQL cannot lock the nullable side of a join (claimed_by).
+        before = open_tickets.select_for_update().first()
         if before is None:
             current = Ticket.objects.get(pk=ticket.pk)
             state = "expired" if current.is_pending else current.status

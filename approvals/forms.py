@@ -9,6 +9,7 @@ from django.contrib.auth import get_user_model
 from approvals import policies, registry
 from approvals.models import ApprovalPolicy, ExpiryAction, RunStatus, TicketStatus
 from approvals.services import MAX_MESSAGE_CHARS
+from approvals.team import MAX_BATCH, MAX_COMMENT_CHARS
 
 _NAME = re.compile(r"^[\w.:@+-]{1,200}$")
 
@@ -284,3 +285,46 @@ class GroupForm(forms.Form):
         if not name:
             raise forms.ValidationError("A group needs a name.")
         return name
+class ClaimForm(forms.Form):
+    action = forms.ChoiceField(
+        choices=[("claim", "I'm on it"), ("take_over", "Take over"), ("release", "Release")]
+    )
+
+
+class CommentForm(forms.Form):
+    text = forms.CharField(
+        max_length=MAX_COMMENT_CHARS,
+        widget=forms.Textarea(attrs={"rows": 3}),
+        error_messages={"required": "Write something first."},
+    )
+
+
+class _TicketIds(forms.Field):
+    """Ticket numbers, from repeated "ticket" fields (the queue's checkboxes)."""
+
+    widget = forms.MultipleHiddenInput
+
+    def to_python(self, value) -> list[int]:
+        values = value if isinstance(value, list | tuple) else [value] if value else []
+        if len(values) > MAX_BATCH:
+            raise forms.ValidationError(
+                f"A batch holds at most {MAX_BATCH} tickets; {len(values)} were selected."
+            )
+        ids = []
+        for item in values:
+            text = str(item).strip()
+            if not text.isascii() or not text.isdigit() or len(text) > 18:
+                raise forms.ValidationError(f"{text[:20]!r} is not a ticket number.")
+            ids.append(int(text))
+        return list(dict.fromkeys(ids))
+
+
+class BatchDecisionForm(forms.Form):
+    ticket = _TicketIds(required=False)
+    decision = forms.ChoiceField(choices=[("approve", "Approve"), ("reject", "Reject")])
+    message = forms.CharField(required=False, max_length=MAX_MESSAGE_CHARS)
+
+    def clean_ticket(self) -> list[int]:
+        if not self.cleaned_data["ticket"]:
+            raise forms.ValidationError("Select at least one ticket.")
+        return self.cleaned_data["ticket"]

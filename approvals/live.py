@@ -33,6 +33,9 @@ KINDS = {
     "ticket.vote": "ticket.changed",
     "ticket.votes_invalidated": "ticket.changed",
     "ticket.escalated": "ticket.changed",
+    "ticket.claimed": "ticket.changed",
+    "ticket.released": "ticket.changed",
+    "ticket.commented": "ticket.changed",
 }
 
 

@@ -3,6 +3,8 @@ rows, writes the audit log or enqueues work is in services.py."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from django.conf import settings
 from django.db import models
 from django.utils import timezone
@@ -109,6 +111,10 @@ class Run(models.Model):
 
     def __str__(self) -> str:
         return f"run {self.pk} ({self.agent_key} v{self.agent_version}, {self.status})"
+
+
+# A claim nobody renewed for this long no longer stops anyone else from claiming.
+CLAIM_LAPSE = timedelta(minutes=30)
 
 
 class TicketStatus(models.TextChoices):
@@ -242,6 +248,15 @@ class Ticket(models.Model):
     # "": a person decided; "rule", "expiry": decided without a person, decision_reason says why.
     decision_source = models.CharField(max_length=16, blank=True)
     decision_reason = models.TextField(blank=True)
+    # "I'm on it": who is looking at this ticket; a claim lapses after CLAIM_LAPSE.
+    claimed_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="claimed_tickets",
+    )
+    claimed_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         constraints = [
@@ -275,6 +290,20 @@ class Ticket(models.Model):
 
     def is_requested_by(self, user) -> bool:
         return self.requested_by_id is not None and self.requested_by_id == user.pk
+
+    @property
+    def claim_is_active(self) -> bool:
+        """A claim counts while the ticket is pending and the claim has not lapsed."""
+        return (
+            self.claimed_by_id is not None
+            and self.claimed_at is not None
+            and self.is_pending
+            and self.claimed_at > timezone.now() - CLAIM_LAPSE
+        )
+
+    @property
+    def active_claimant(self):
+        return self.claimed_by if self.claim_is_active else None
 
 
 class TicketVote(models.Model):

@@ -50,6 +50,9 @@ _VALUE_SHAPES = [
     ("bearer credential", re.compile(r"(?i)\bbearer\s+[A-Za-z0-9._~+/=-]{16,}")),
     ("password in a URL", re.compile(r"[a-z][a-z0-9+.-]*://[^/\s:@]+:[^/\s@]+@")),
 ]
+_PRIVATE_KEY_BLOCK = re.compile(
+    r"-----BEGIN [A-Z ]*PRIVATE KEY-----.*?(?:-----END [A-Z ]*PRIVATE KEY-----|\Z)", re.DOTALL
+)
 
 
 # Names that describe a secret rather than hold one (token_count, password_policy, max_tokens).
@@ -100,6 +103,15 @@ def secret_shape(value: str) -> str | None:
         if pattern.search(value):
             return label
     return None
+
+
+def mask_secrets(text: str) -> str:
+    """Text with each secret-looking part replaced, the rest kept (for free text people write)."""
+    # A pasted private key goes whole, not just its first line.
+    text = _PRIVATE_KEY_BLOCK.sub("[redacted]", text)
+    for _, pattern in _VALUE_SHAPES:
+        text = pattern.sub("[redacted]", text)
+    return text
 
 
 def find_secrets(value: Any, path: str = "context") -> Iterator[str]:

@@ -490,6 +490,9 @@ def decide(
             decided_at=now,
             decision_message=message,
             always=always,
+            # A decision ends whoever was "on it".
+            claimed_by=None,
+            claimed_at=None,
         )
         if not won:
             _refuse_unless_pending(

@@ -26,13 +26,16 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
-from django_htmx.http import HttpResponseClientRedirect
+from django_htmx.http import HttpResponseClientRedirect, trigger_client_event
 from django_htmx.middleware import HtmxDetails
 
-from approvals import crypto, policies, presenters, registry, services
+from approvals import crypto, policies, presenters, registry, services, team
 from approvals.audit import verify_chain
 from approvals.forms import (
     AuditFilterForm,
+    BatchDecisionForm,
+    ClaimForm,
+    CommentForm,
     DecisionForm,
     QueueFilterForm,
     ResolveForm,
@@ -130,7 +133,7 @@ def queue(request: HtmxHttpRequest) -> HttpResponse:
         filters = form.cleaned_data
         tickets = Ticket.objects.filter(
             tenant_id__in=memberships.keys(), status=TicketStatus.PENDING
-        ).select_related("run", "tenant", "requested_by")
+        ).select_related("run", "tenant", "requested_by", "claimed_by")
         if filters["tenant"]:
             tickets = tickets.filter(tenant__slug=filters["tenant"])
         if filters["agent"]:
@@ -151,7 +154,8 @@ def queue(request: HtmxHttpRequest) -> HttpResponse:
     context = {
         "form": form,
         "page": page,
-        "rows": [_queue_row(t) for t in page.rows] if page else [],
+        "rows": [_queue_row(t, memberships) for t in page.rows] if page else [],
+        "may_batch": any(m.can_decide for m in memberships.values()),
         "tenants": slugs,
         "tools": registry.tool_names(),
         "agents": sorted(settings.APPROVALS_AGENTS),
@@ -171,10 +175,12 @@ def queue(request: HtmxHttpRequest) -> HttpResponse:
     return render(request, template, context, status=status)
 
 
-def _queue_row(ticket: Ticket) -> dict:
+def _queue_row(ticket: Ticket, memberships: dict[int, Membership]) -> dict:
     return {
         "ticket": ticket,
         "summary": presenters.summary(ticket.arguments_json),
+        "claimant": ticket.active_claimant,
+        "may_select": memberships[ticket.tenant_id].can_decide,
     }
 
 
@@ -245,6 +251,7 @@ def _ticket_context(request: HttpRequest, ticket: Ticket, membership: Membership
         and my_vote is None,
         "is_requester": ticket.is_requested_by(request.user),
         "form": DecisionForm(),
+        **_team_context(ticket, membership),
     }
 
 
@@ -262,6 +269,21 @@ def _invalidations(votes: list) -> list[str]:
         label = f"policy v{version}" if version else "the built-in default policy"
         sentences.append(f"{len(lost)} {noun} ({names}) given under {label} were {reason}.")
     return sentences
+def _team_context(ticket: Ticket, membership: Membership) -> dict:
+    """What the claim and discussion panels need; they re-read it alone on a live hint."""
+    return {
+        "ticket": ticket,
+        "membership": membership,
+        "claimant": ticket.active_claimant,
+        "may_claim": membership.can_decide and ticket.is_pending and not ticket.is_expired,
+        "comments": team.comments(ticket),
+        "may_comment": team.may_comment(membership),
+        "comment_form": CommentForm(),
+    }
+
+
+# Live regions of the ticket page that re-read without the rest of the page.
+TEAM_PARTIALS = {"claim", "comment-list"}
 
 
 @login_required
@@ -269,9 +291,109 @@ def _invalidations(votes: list) -> list[str]:
 def ticket_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     ticket, membership = _get_ticket_for_user(request, pk)
     template = "approvals/ticket.html"
+    if request.htmx and request.htmx.target in TEAM_PARTIALS:
+        # Cheap re-reads: no state to decrypt for who is on it or what was said.
+        context = _team_context(ticket, membership)
+        return render(request, f"{template}#{request.htmx.target}", context)
     if request.htmx and request.htmx.target == "decision":
         template += "#decision"
     return render(request, template, _ticket_context(request, ticket, membership))
+
+
+@login_required
+@require_POST
+def ticket_claim(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    ticket, membership = _get_ticket_for_user(request, pk)
+    form = ClaimForm(request.POST)
+    problem, status = "", 200
+    if not form.is_valid():
+        problem, status = "Choose to claim, take over or release.", 400
+    else:
+        action = form.cleaned_data["action"]
+        try:
+            if action == "release":
+                team.release(ticket, user=request.user)
+            else:
+                team.claim(ticket, user=request.user, take_over=action == "take_over")
+        except services.TicketNotFoundError:
+            raise Http404("No such ticket.") from None
+        except services.NotAllowedError as error:
+            problem, status = _sentence(error), 403
+        except team.ClaimConflictError as error:
+            problem, status = str(error), 409
+        except team.NotClaimableError as error:
+            problem, status = _sentence(error), 409
+    if not request.htmx:
+        if problem:
+            messages.error(request, problem)
+        return redirect("approvals:ticket", pk=ticket.pk)
+    ticket.refresh_from_db()
+    context = {**_team_context(ticket, membership), "claim_problem": problem}
+    return render(request, "approvals/ticket.html#claim", context, status=status)
+
+
+@login_required
+@require_POST
+def ticket_comment(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    ticket, membership = _get_ticket_for_user(request, pk)
+    form = CommentForm(request.POST)
+    status = 400
+    if form.is_valid():
+        try:
+            team.comment(ticket, user=request.user, text=form.cleaned_data["text"])
+        except services.TicketNotFoundError:
+            raise Http404("No such ticket.") from None
+        except services.NotAllowedError as error:
+            form.add_error(None, _sentence(error))
+            status = 403
+        except team.CommentError as error:
+            form.add_error("text", _sentence(error))
+        else:
+            status = 200
+    if status == 200 and not request.htmx:
+        return redirect(reverse("approvals:ticket", args=[ticket.pk]) + "#comments")
+    if request.htmx:
+        context = _team_context(ticket, membership)
+        template = "approvals/ticket.html#comments"
+    else:
+        context = _ticket_context(request, ticket, membership)
+        template = "approvals/ticket.html"
+    if status != 200:
+        context["comment_form"] = form
+    return render(request, template, context, status=status)
+
+
+@login_required
+@require_POST
+def batch_decide(request: HtmxHttpRequest) -> HttpResponse:
+    form = BatchDecisionForm(request.POST)
+    outcomes: list[team.BatchOutcome] = []
+    problem, status = "", 200
+    if not form.is_valid():
+        problem, status = " ".join(m for errors in form.errors.values() for m in errors), 400
+    else:
+        try:
+            outcomes = team.decide_batch(
+                form.cleaned_data["ticket"],
+                user=request.user,
+                approve=form.cleaned_data["decision"] == "approve",
+                message=form.cleaned_data["message"],
+            )
+        except team.BatchError as error:
+            problem, status = _sentence(error), 400
+    approve = form.is_valid() and form.cleaned_data["decision"] == "approve"
+    context = {
+        "outcomes": outcomes,
+        "done": sum(1 for o in outcomes if o.done),
+        "verb": "approved" if approve else "rejected",
+        "problem": problem,
+    }
+    template = "approvals/batch.html#result" if request.htmx else "approvals/batch.html"
+    response = render(request, template, context, status=status)
+    if outcomes:
+        # The queue's rows re-read at once instead of waiting for the live hint.
+        trigger_client_event(response, "console:changed")
+    return response
 
 
 @login_required
@@ -369,6 +491,9 @@ ACTION_LABELS = {
     "auth.locked_out": "Sign-in locked out",
     "audit.exported": "History exported",
     "session.cleared": "Session cleared",
+    "ticket.claimed": "Claimed",
+    "ticket.released": "Claim released",
+    "ticket.commented": "Comment",
 }
 
 

@@ -35,33 +35,31 @@
     const always = form.querySelector("input[name=always]");
     return Boolean(
       form.contains(document.activeElement) ||
-        document.querySelector("dialog.confirm[open]") !== null ||
-        (message && message.value.trim()) ||
-        (always && always.checked)
+      document.querySelector("dialog.confirm[open]") !== null ||
+      (message && message.value.trim()) ||
+      (always && always.checked)
     );
   }
-  function keepDecision(elt) {
+  function liveReread(elt, trigger) {
+    return elt && elt.id === "decision" && trigger && trigger.type === "console:changed";
+  }
+  function showStale(elt) {
     const notice = elt.querySelector("#decision-stale");
     if (notice) notice.hidden = false;
   }
   body.addEventListener("htmx:confirm", (event) => {
     const elt = event.detail.elt;
-    const trigger = event.detail.triggeringEvent;
-    if (!elt || elt.id !== "decision" || !trigger || trigger.type !== "console:changed") return;
-    if (decisionBusy(elt)) {
-      event.preventDefault();
-      keepDecision(elt);
-    }
+    if (!liveReread(elt, event.detail.triggeringEvent) || !decisionBusy(elt)) return;
+    event.preventDefault();
+    showStale(elt);
   });
-  // The same check when the re-read comes back: typing may have started while it was on its way.
+  // The re-read may have left before the person started typing: check again before it lands.
   body.addEventListener("htmx:beforeSwap", (event) => {
-    const elt = event.detail.elt;
-    const trigger = event.detail.requestConfig && event.detail.requestConfig.triggeringEvent;
-    if (!elt || elt.id !== "decision" || !trigger || trigger.type !== "console:changed") return;
-    if (decisionBusy(elt)) {
-      event.detail.shouldSwap = false;
-      keepDecision(elt);
-    }
+    const config = event.detail.requestConfig;
+    const elt = config && config.elt;
+    if (!liveReread(elt, config.triggeringEvent) || !decisionBusy(elt)) return;
+    event.detail.shouldSwap = false;
+    showStale(elt);
   });
 
   // --- tenant switcher submits on change (a button is shown when scripts are off) ---
@@ -115,7 +113,59 @@
     confirmThen(button);
   });
 
-  // --- keyboard: j/k move in a list, Enter opens; a/r decide on a ticket ---
+  // --- batch decisions: tick pending rows of one tool, then approve or reject them together ---
+  // Ticks live in a set, because a live re-read of the rows redraws their checkboxes.
+  const batchForm = document.getElementById("batch-form");
+  const picked = new Set();
+  function batchBoxes() {
+    return Array.from(document.querySelectorAll('input[type="checkbox"][form="batch-form"]'));
+  }
+  function syncBatch() {
+    if (!batchForm) return;
+    const boxes = batchBoxes();
+    const present = new Set(boxes.map((box) => box.value));
+    // A ticket gone from the page (decided, expired) leaves the selection.
+    Array.from(picked).forEach((id) => { if (!present.has(id)) picked.delete(id); });
+    boxes.forEach((box) => { box.checked = picked.has(box.value); });
+    const chosen = boxes.find((box) => box.checked);
+    const tool = chosen ? chosen.dataset.tool : "";
+    // One tool per batch: the server refuses a mix, so the page does not offer one.
+    boxes.forEach((box) => {
+      box.disabled = Boolean(tool) && box.dataset.tool !== tool;
+      box.title = box.disabled ? `Only ${tool} tickets can join this batch` : "";
+    });
+    const count = picked.size;
+    const noun = `${count} ${tool} ticket${count === 1 ? "" : "s"}`;
+    batchForm.querySelector("#batch-count").textContent = count
+      ? `${count} selected (${tool}):`
+      : "Tick pending tickets of one tool to decide them together.";
+    batchForm.querySelectorAll("button[data-batch]").forEach((button) => {
+      button.disabled = count === 0;
+      button.dataset.confirm = button.value === "approve"
+        ? `Approve ${noun}? Each is checked and decided on its own.`
+        : `Reject ${noun}? The message goes back to each agent.`;
+    });
+  }
+  function toggle(box) {
+    if (!box || box.disabled) return;
+    box.checked = !box.checked;
+    box.dispatchEvent(new Event("change", { bubbles: true }));
+  }
+  document.addEventListener("change", (event) => {
+    const box = event.target.closest('input[type="checkbox"][form="batch-form"]');
+    if (!box) return;
+    if (box.checked) picked.add(box.value); else picked.delete(box.value);
+    syncBatch();
+  });
+  body.addEventListener("htmx:afterSettle", syncBatch);
+  if (batchForm) {
+    batchForm.addEventListener("htmx:afterRequest", (event) => {
+      if (event.detail.successful) { picked.clear(); syncBatch(); }
+    });
+  }
+  syncBatch();
+
+  // --- keyboard: j/k move in a list, Enter opens, x ticks; a/r decide and c claims on a ticket ---
   function typing(target) {
     return target.closest("input, textarea, select, [contenteditable]") !== null;
   }
@@ -142,6 +192,13 @@
     else if (event.key === "Enter" && selectedIndex() >= 0 && !event.target.closest("a, button")) {
       const link = rows()[selectedIndex()].querySelector("a.row-link");
       if (link) link.click();
+    } else if (event.key === "x" && selectedIndex() >= 0) {
+      const box = rows()[selectedIndex()].querySelector('input[type="checkbox"][form="batch-form"]');
+      if (box) { event.preventDefault(); toggle(box); }
+    } else if (event.key === "c") {
+      // Claim, or release one's own claim; taking over someone else's asks first, by click.
+      const button = document.querySelector('#claim-form button[data-key="c"]');
+      if (button) { event.preventDefault(); button.form.requestSubmit(button); }
     } else if (event.key === "a" || event.key === "r") {
       const button = document.querySelector(`#decide-form button[data-key="${event.key}"]`);
       if (button) {
@@ -156,7 +213,8 @@
   });
   document.addEventListener("click", (event) => {
     const row = event.target.closest("[data-keyboard-list] [data-row]");
-    if (!row || event.target.closest("a, button")) return;
+    // A click on a row opens it, except on its own controls (links, the batch checkbox).
+    if (!row || event.target.closest("a, button, input, label, td.pick")) return;
     const link = row.querySelector("a.row-link");
     if (link) link.click();
   });

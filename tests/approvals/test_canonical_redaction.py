@@ -15,7 +15,7 @@ from approvals.canonical import (
     parse_arguments,
     sha256_hex,
 )
-from approvals.redaction import find_secrets, is_secret_key, redact, secret_shape
+from approvals.redaction import find_secrets, is_secret_key, mask_secrets, redact, secret_shape
 
 # Built from parts so that no complete fake credential sits in the source.
 OPENAI_KEY = "sk-" + "proj" + "A1b2C3d4E5f6G7h8I9j0"
@@ -281,3 +281,11 @@ def test_redact_without_secrets_is_the_identity(value):
     assume(not any(secret_shape(s) for s in _strings(value)))
 
     assert redact(value) == value
+
+
+def test_mask_secrets_replaces_only_the_secret_part_of_free_text():
+    token = "ghp_" + "A1b2C3d4E5" * 4
+    text = f"deploy with {token} and postgres://app:hunter2@db/prod please"
+
+    assert mask_secrets(text) == "deploy with [redacted] and [redacted]db/prod please"
+    assert mask_secrets("nothing secret here") == "nothing secret here"

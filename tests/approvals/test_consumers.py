@@ -10,7 +10,7 @@ from channels.testing import WebsocketCommunicator
 from django.conf import settings as django_settings
 from django.test import Client
 
-from approvals import consumers, live, services
+from approvals import consumers, live, services, team
 from approvals.consumers import ConsoleConsumer
 from approvals.models import Role, Ticket
 from config.asgi import application
@@ -166,3 +166,30 @@ def test_consumer_sends_nothing_about_another_tenant():
     assert f'data-run="{my_ticket.run_id}"' in second
     assert quiet_after is True
     assert f"Ticket #{their_ticket.pk} " not in first + second
+
+
+@pytest.mark.django_db(transaction=True)
+def test_consumer_hints_a_member_about_a_claim_on_its_tenants_ticket():
+    tenant = TenantFactory()
+    ticket = pending_ticket(tenant)
+    alice = member(tenant, Role.APPROVER, username="alice")
+    cookie = session_cookie(member(tenant, Role.VIEWER))
+
+    async def scenario():
+        await get_channel_layer().flush()
+        communicator = socket(ORIGIN, cookie)
+        connected, _ = await communicator.connect()
+        assert connected
+        try:
+            await database_sync_to_async(lambda: team.claim(ticket, user=alice))()
+            return await communicator.receive_from(timeout=5)
+        finally:
+            await communicator.disconnect()
+
+    claimed = async_to_sync(scenario)()
+
+    assert claimed == (
+        '<div id="live-hint" class="visually-hidden" aria-live="polite" hx-swap-oob="true" '
+        f'data-kind="ticket.changed" data-run="{ticket.run_id}" data-ticket="{ticket.pk}">'
+        f"Ticket #{ticket.pk} changed.</div>\n"
+    )

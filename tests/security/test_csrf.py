@@ -55,6 +55,8 @@ def own():
 
 FORM = {
     "decision": "approve",
+    "action": "claim",
+    "text": "a comment",
     "resolution": "abandon",
     "tenant": "acme",
     "prefix": "acme",
@@ -165,6 +167,9 @@ def test_csrf_every_post_only_view_refuses_get(own):
     client = csrf_client(admin)
     urls = {
         "decide": reverse("approvals:decide", args=[side.ticket.pk]),
+        "claim": reverse("approvals:claim", args=[side.ticket.pk]),
+        "comment": reverse("approvals:comment", args=[side.ticket.pk]),
+        "batch": reverse("approvals:batch"),
         "resolve": reverse("approvals:resolve", args=[side.run.pk]),
         "switch-tenant": reverse("approvals:switch-tenant"),
         "purge-confirm": reverse("sessions_admin:purge-confirm"),
@@ -181,3 +186,34 @@ def test_csrf_every_post_only_view_refuses_get(own):
     assert clear.status_code == 200
     assert StoredSession.objects.filter(session_id="acme-session").count() == 1
     assert Ticket.objects.get(pk=side.ticket.pk).status == TicketStatus.PENDING
+
+
+@pytest.mark.parametrize("htmx", [False, True], ids=["form", "htmx"])
+def test_csrf_team_routes_refuse_without_a_token_and_pass_with_it(own, htmx):
+    """Claim, comment and batch: no token, nothing written; the page's token, written."""
+    tenant, _, side = own
+    approver = member(tenant, Role.APPROVER, username="acme-approver")
+    posts = {
+        reverse("approvals:claim", args=[side.ticket.pk]): {"action": "claim"},
+        reverse("approvals:comment", args=[side.ticket.pk]): {"text": "on it"},
+        reverse("approvals:batch"): {"ticket": [side.ticket.pk], "decision": "reject"},
+    }
+    client = csrf_client(approver)
+    client.get(reverse("approvals:ticket", args=[side.ticket.pk]))
+    token = client.cookies[django_settings.CSRF_COOKIE_NAME].value
+    hx = {"HX-Request": "true"} if htmx else {}
+    before = snapshot(tenant)
+
+    refused = {url: client.post(url, data, headers=hx).status_code for url, data in posts.items()}
+    unchanged = snapshot(tenant)
+    passed = {
+        url: client.post(url, data, headers={"X-CSRFToken": token, **hx}).status_code
+        for url, data in posts.items()
+    }
+
+    assert refused == dict.fromkeys(posts, 403)
+    assert unchanged == before
+    assert set(passed.values()) <= {200, 302}
+    assert list(
+        AuditEvent.objects.filter(tenant=tenant).order_by("seq").values_list("action", flat=True)
+    )[-4:] == ["ticket.claimed", "ticket.commented", "ticket.rejected", "run.queued"]

@@ -234,6 +234,54 @@ class FuzzFormsTests(TestCase):
     @FUZZ
     @given(
         data=form(
+            "action",
+            "text",
+            action=st.one_of(st.sampled_from(["claim", "take_over", "release", "CLAIM"]), anything),
+        ),
+        route=st.sampled_from(["approvals:claim", "approvals:comment"]),
+        user=st.sampled_from(["requester", "approver", "auditor", "admin"]),
+        htmx=st.booleans(),
+    )
+    def test_fuzz_claim_and_comment_forms_never_500(self, data, route, user, htmx):
+        self.client.force_login(getattr(self, user))
+        headers = {"HX-Request": "true"} if htmx else {}
+
+        response = self.client.post(reverse(route, args=[self.ticket.pk]), data, headers=headers)
+
+        self.assert_no_server_error(response, data)
+
+    @FUZZ
+    @given(
+        tickets=st.lists(
+            st.one_of(
+                st.sampled_from(["1", "2", "999999", "0", "-1", "1.5", "１", "²", " 3 "]),
+                st.integers(-(2**70), 2**70).map(str),
+                anything,
+            ),
+            max_size=120,
+        ),
+        data=form(
+            "decision",
+            "message",
+            decision=st.one_of(st.sampled_from(["approve", "reject"]), anything),
+        ),
+        user=st.sampled_from(["requester", "approver", "admin"]),
+        htmx=st.booleans(),
+    )
+    @example(tickets=["9" * 30], data={"decision": "approve"}, user="admin", htmx=False)
+    def test_fuzz_batch_form_never_500(self, tickets, data, user, htmx):
+        self.client.force_login(getattr(self, user))
+        headers = {"HX-Request": "true"} if htmx else {}
+
+        response = self.client.post(
+            reverse("approvals:batch"), {**data, "ticket": tickets}, headers=headers
+        )
+
+        self.assert_no_server_error(response, (tickets, data))
+
+    @FUZZ
+    @given(
+        data=form(
             "tenant",
             "next",
             tenant=st.one_of(st.sampled_from(["acme", "other", ""]), anything),

@@ -244,6 +244,8 @@ def test_url_sweep_own_objects_answer_200_so_the_sweep_can_fail(client, world):
     assert statuses == {
         "approvals:ticket": 200,
         "approvals:decide": 405,
+        "approvals:claim": 405,
+        "approvals:comment": 405,
         "approvals:run": 200,
         "approvals:resolve": 405,
         "sessions_admin:clear": 200,
@@ -298,6 +300,9 @@ def test_url_sweep_walks_the_whole_project_but_admin():
         "approvals:queue",
         "approvals:ticket",
         "approvals:decide",
+        "approvals:claim",
+        "approvals:comment",
+        "approvals:batch",
         "approvals:run",
         "approvals:resolve",
         "approvals:audit",

@@ -285,6 +285,8 @@ class GroupForm(forms.Form):
         if not name:
             raise forms.ValidationError("A group needs a name.")
         return name
+
+
 class ClaimForm(forms.Form):
     action = forms.ChoiceField(
         choices=[("claim", "I'm on it"), ("take_over", "Take over"), ("release", "Release")]

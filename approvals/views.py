@@ -269,6 +269,8 @@ def _invalidations(votes: list) -> list[str]:
         label = f"policy v{version}" if version else "the built-in default policy"
         sentences.append(f"{len(lost)} {noun} ({names}) given under {label} were {reason}.")
     return sentences
+
+
 def _team_context(ticket: Ticket, membership: Membership) -> dict:
     """What the claim and discussion panels need; they re-read it alone on a live hint."""
     return {

@@ -101,5 +101,10 @@ class Delivery(models.Model):
         return f"delivery {self.pk} {self.event} ({self.status})"
 
     @property
+    def error_note(self) -> str:
+        """The last error, unless it only repeats the HTTP status shown beside it."""
+        return "" if self.last_error == f"HTTP {self.last_status_code}" else self.last_error
+
+    @property
     def can_retry(self) -> bool:
         return self.status == DeliveryStatus.FAILED

@@ -70,14 +70,15 @@ def test_seed_demo_creates_tenants_users_and_paused_runs(session_dir):
     call_command("seed_demo", stdout=out)
 
     counts = _counts()
-    # 6 users per tenant plus the superuser; each run: run.paused + ticket.created.
+    # 6 users per tenant plus the superuser; each run: run.paused + ticket.created; and
+    # webhook.created for acme's demo webhook.
     assert counts == {
         "tenants": 2,
         "users": 13,
         "memberships": 12,
         "paused runs": 4,
         "pending tickets": 4,
-        "audit events": 8,
+        "audit events": 9,
     }
     assert out.getvalue().splitlines()[0] == "demo data ready (4 new paused runs, 16 new sessions)"
     # Four ORM sessions and four SQLite sessions per tenant, no Redis without REDIS_URL.

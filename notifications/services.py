@@ -469,7 +469,8 @@ def attempt(delivery_id: int, *, now: datetime | None = None) -> Delivery | None
             "User-Agent": USER_AGENT,
             "X-Approvals-Event": delivery.event,
             "X-Approvals-Delivery": str(delivery.pk),
-            **signing.headers(secret, body, timestamp=int(now.timestamp())),
+            # The wall clock, not `now`: the receiver checks when the request was really sent.
+            **signing.headers(secret, body),
         }
         outcome = post(endpoint.url, body, headers)
     return _record(delivery, outcome, now)

@@ -123,10 +123,13 @@ def test_fan_out_nothing_for_a_rolled_back_transaction(
 ):
     endpoint, _ = make_endpoint(tenant, admin)
 
-    with django_capture_on_commit_callbacks(execute=True), pytest.raises(RuntimeError):
-        with transaction.atomic():
-            audit.append(tenant_id=tenant.pk, action="ticket.escalated", actor_name="policy")
-            raise RuntimeError("rolled back")
+    with (
+        django_capture_on_commit_callbacks(execute=True),
+        pytest.raises(RuntimeError),
+        transaction.atomic(),
+    ):
+        audit.append(tenant_id=tenant.pk, action="ticket.escalated", actor_name="policy")
+        raise RuntimeError("rolled back")
 
     assert deliveries(endpoint) == []
 

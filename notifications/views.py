@@ -88,9 +88,8 @@ def endpoint_list(request: HttpRequest, tenant: str) -> HttpResponse:
             context = _list_context(request, tenant_row, EndpointForm(initial={"active": True}))
             context.update(created=endpoint, secret=secret)
             return render(request, "notifications/webhooks.html", context, status=201)
-        return render(
-            request, "notifications/webhooks.html", _list_context(request, tenant_row, form), 400
-        )
+        context = _list_context(request, tenant_row, form)
+        return render(request, "notifications/webhooks.html", context, status=400)
     form = EndpointForm(initial={"active": True, "events": []})
     return render(request, "notifications/webhooks.html", _list_context(request, tenant_row, form))
 

@@ -255,3 +255,25 @@ def test_fan_out_only_for_selected_events(tenant, admin):
 
     assert services.fan_out(audit_event=event) == []
     assert Delivery.objects.filter(endpoint=endpoint).count() == 0
+
+
+def test_the_verification_snippet_in_the_docs_accepts_a_delivery_and_refuses_a_replay():
+    """docs/NOTIFICATIONS.md shows receivers how to verify; the snippet must really work."""
+    import re
+    import time
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "NOTIFICATIONS.md").read_text()
+    snippet = re.search(r"```python\n(.*?)```", doc, re.S).group(1)
+    namespace: dict = {}
+    exec(snippet, namespace)  # noqa: S102 - our own documentation
+    verify = namespace["verify"]
+    body = b'{"event":"run.completed"}'
+    fresh = signing.headers("whsec_x", body)
+    old = signing.headers("whsec_x", body, timestamp=int(time.time()) - 301)
+
+    assert verify("whsec_x", body, fresh[signing.TIMESTAMP_HEADER], fresh[signing.SIGNATURE_HEADER])
+    assert not verify("whsec_x", body, old[signing.TIMESTAMP_HEADER], old[signing.SIGNATURE_HEADER])
+    assert not verify(
+        "whsec_y", body, fresh[signing.TIMESTAMP_HEADER], fresh[signing.SIGNATURE_HEADER]
+    )

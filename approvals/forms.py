@@ -75,6 +75,11 @@ class AuditFilterForm(_TenantFilterForm):
             "exported",
             "cleared",
             "locked_out",
+            # webhooks (notifications)
+            "active",
+            "inactive",
+            "deleted",
+            "delivered",
         }
     )
 

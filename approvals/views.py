@@ -321,6 +321,12 @@ ACTION_LABELS = {
     "auth.locked_out": "Sign-in locked out",
     "audit.exported": "History exported",
     "session.cleared": "Session cleared",
+    "webhook.created": "Webhook created",
+    "webhook.changed": "Webhook changed",
+    "webhook.deleted": "Webhook deleted",
+    "webhook.delivered": "Webhook delivered",
+    "webhook.failed": "Webhook delivery failed",
+    "webhook.retried": "Webhook delivery retried",
 }
 
 

@@ -534,6 +534,35 @@ def _audit_delivery(delivery: Delivery, action: str, *, actor) -> None:
     )
 
 
+# A pending delivery this far past its time has lost its task (a worker died mid-attempt).
+STALE = timedelta(minutes=2)
+
+
+def requeue_stale(*, now: datetime | None = None) -> int:
+    """Give lost deliveries a task again; called by the worker's reaper loop.
+
+    Side effects: each pending delivery whose next attempt is more than STALE overdue gets its
+    task enqueued and its next attempt set to now (so the next pass leaves it alone). A
+    duplicate task is harmless: the claim lets one attempt through.
+    """
+    from notifications.tasks import deliver_webhook_task
+
+    now = now or timezone.now()
+    with transaction.atomic():
+        stale = list(
+            Delivery.objects.select_for_update()
+            .filter(status=DeliveryStatus.PENDING, next_attempt_at__lt=now - STALE)
+            .values_list("pk", flat=True)[:500]
+        )
+        if not stale:
+            return 0
+        Delivery.objects.filter(pk__in=stale).update(next_attempt_at=now, updated_at=now)
+        for pk in stale:
+            deliver_webhook_task.enqueue(pk)
+        _wake_worker()
+    return len(stale)
+
+
 class NotRetryable(Exception):
     pass
 

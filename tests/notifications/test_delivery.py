@@ -277,3 +277,19 @@ def test_the_verification_snippet_in_the_docs_accepts_a_delivery_and_refuses_a_r
     assert not verify(
         "whsec_y", body, fresh[signing.TIMESTAMP_HEADER], fresh[signing.SIGNATURE_HEADER]
     )
+
+
+def test_requeue_stale_gives_a_lost_delivery_its_task_once(tenant, admin):
+    endpoint, _ = make_endpoint(tenant, admin)
+    delivery = one_delivery(tenant, endpoint)
+    DBTaskResult.objects.all().delete()  # the worker died with the task
+    now = timezone.now()
+    Delivery.objects.filter(pk=delivery.pk).update(next_attempt_at=now - timedelta(minutes=3))
+    fresh = one_delivery(tenant, endpoint, action="run.completed")
+
+    assert services.requeue_stale(now=now) == 1
+    assert services.requeue_stale(now=now + timedelta(seconds=10)) == 0
+
+    # The fresh delivery's own task, and one again for the lost one.
+    tasks = DBTaskResult.objects.filter(task_path=DELIVER_TASK)
+    assert sorted(t.args_kwargs["args"][0] for t in tasks) == [delivery.pk, fresh.pk]

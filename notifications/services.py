@@ -480,6 +480,8 @@ def _record(delivery: Delivery, outcome: Outcome, now: datetime) -> Delivery:
     from notifications.tasks import deliver_webhook_task
 
     with transaction.atomic():
+        if not Delivery.objects.select_for_update().filter(pk=delivery.pk).exists():
+            return delivery  # its endpoint was deleted during the attempt
         delivery.last_status_code = outcome.status_code
         delivery.last_error = outcome.error
         delivery.last_duration_ms = outcome.duration_ms

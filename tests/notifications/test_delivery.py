@@ -293,3 +293,18 @@ def test_requeue_stale_gives_a_lost_delivery_its_task_once(tenant, admin):
     # The fresh delivery's own task, and one again for the lost one.
     tasks = DBTaskResult.objects.filter(task_path=DELIVER_TASK)
     assert sorted(t.args_kwargs["args"][0] for t in tasks) == [delivery.pk, fresh.pk]
+
+
+def test_delivery_whose_endpoint_is_deleted_mid_attempt_records_nothing(tenant, admin, monkeypatch):
+    endpoint, _ = make_endpoint(tenant, admin)
+    delivery = one_delivery(tenant, endpoint)
+
+    def post_while_deleted(url, body, headers):
+        services.delete_endpoint(WebhookEndpoint.objects.get(pk=endpoint.pk), user=admin)
+        return services.Outcome(False, 500, "HTTP 500", 3)
+
+    monkeypatch.setattr(services, "post", post_while_deleted)
+    services.attempt(delivery.pk)
+
+    assert Delivery.objects.count() == 0
+    assert DBTaskResult.objects.filter(task_path=DELIVER_TASK).count() == 1  # the fan-out's

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from django.conf import settings
 from django.db import models
 from django.utils import timezone
@@ -99,6 +101,15 @@ class Delivery(models.Model):
 
     def __str__(self) -> str:
         return f"delivery {self.pk} {self.event} ({self.status})"
+
+    @property
+    def link(self) -> str:
+        """The ticket or run the delivery tells about, as sent in its payload."""
+        try:
+            url = json.loads(self.payload).get("url")
+        except (ValueError, AttributeError):
+            return ""
+        return url if isinstance(url, str) and url.startswith(("http://", "https://")) else ""
 
     @property
     def error_note(self) -> str:

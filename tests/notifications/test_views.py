@@ -236,6 +236,8 @@ def test_delivery_log_shows_status_attempts_error_and_a_retry_button(client, ten
     assert f'data-delivery="{delivery.pk}" data-status="failed"' in page
     assert "HTTP 500" in page
     assert reverse("notifications:retry", args=["acme", delivery.pk]) in page
+    # run.failed without a run links to the queue, as its payload says.
+    assert '<a href="http://127.0.0.1:8000/"><code>run.failed</code></a>' in page
 
 
 def test_delivery_log_filters_by_endpoint_and_pages(client, tenant, admin, monkeypatch):

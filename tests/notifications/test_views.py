@@ -278,3 +278,21 @@ def test_delivery_retry_resets_enqueues_and_audits(client, tenant, admin):
     assert DBTaskResult.objects.filter(task_path=DELIVER_TASK).count() == 1
     retried = AuditEvent.objects.get(action="webhook.retried")
     assert (retried.actor_id, retried.detail["delivery"]) == (admin.pk, delivery.pk)
+
+
+def test_delivery_log_queries_do_not_grow_with_rows(client, tenant, admin):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    endpoint, _ = make_endpoint(tenant, admin)
+    client.force_login(admin)
+    url = reverse("notifications:deliveries", args=["acme"])
+    counts = []
+    for _ in range(2):
+        failed_delivery(tenant, endpoint)
+        failed_delivery(tenant, endpoint)
+        with CaptureQueriesContext(connection) as queries:
+            assert client.get(url).status_code == 200
+        counts.append(len(queries))
+
+    assert counts[0] == counts[1]

@@ -7,11 +7,12 @@ event's own fields; the tenant row keeps the head, so a removed tail is found to
 from __future__ import annotations
 
 import hashlib
+import logging
 from dataclasses import dataclass
 from datetime import UTC
 from typing import Any
 
-from django.db import connection
+from django.db import connection, transaction
 from django.utils import timezone
 
 from approvals.canonical import canonical_json
@@ -19,6 +20,7 @@ from approvals.models import AuditEvent, Tenant
 from approvals.redaction import redact
 
 GENESIS = "0" * 64
+logger = logging.getLogger("approvals.audit")
 
 
 def _event_payload(event: AuditEvent) -> str:
@@ -60,7 +62,7 @@ def append(
     """Append one event to the tenant's chain. Must run inside the caller's transaction.
 
     Side effects: locks the tenant row until the transaction ends, inserts the event and
-    moves the tenant's chain head.
+    moves the tenant's chain head; on commit, sends signals.audit_event_committed.
     """
     if not connection.in_atomic_block:
         raise RuntimeError("audit.append must run inside a transaction")
@@ -85,7 +87,22 @@ def append(
     event.hash = event_hash(event)
     event.save(force_insert=True)
     Tenant.objects.filter(pk=tenant_id).update(audit_seq=event.seq, audit_head=event.hash)
+    transaction.on_commit(lambda: _committed(event))
     return event
+
+
+def _committed(event: AuditEvent) -> None:
+    from approvals.signals import audit_event_committed
+
+    # A failing receiver is logged, never raised into the code whose transaction committed.
+    for receiver, result in audit_event_committed.send_robust(sender=AuditEvent, event=event):
+        if isinstance(result, Exception):
+            logger.error(
+                "audit_event_committed receiver %r failed for event %s",
+                receiver,
+                event.pk,
+                exc_info=result,
+            )
 
 
 @dataclass(frozen=True)

@@ -79,6 +79,11 @@ class AuditFilterForm(_TenantFilterForm):
             "locked_out",
             "changed",
             "created",
+            # webhooks (notifications)
+            "active",
+            "inactive",
+            "deleted",
+            "delivered",
         }
     )
 

@@ -496,6 +496,12 @@ ACTION_LABELS = {
     "ticket.claimed": "Claimed",
     "ticket.released": "Claim released",
     "ticket.commented": "Comment",
+    "webhook.created": "Webhook created",
+    "webhook.changed": "Webhook changed",
+    "webhook.deleted": "Webhook deleted",
+    "webhook.delivered": "Webhook delivered",
+    "webhook.failed": "Webhook delivery failed",
+    "webhook.retried": "Webhook delivery retried",
 }
 
 

@@ -56,6 +56,17 @@ def env_list(name: str, default: list[str]) -> list[str]:
     return [part.strip() for part in raw.split(",") if part.strip()]
 
 
+def env_url(name: str, default: str) -> str:
+    """An absolute http(s) URL without a trailing slash, e.g. the console's public address."""
+    raw = os.environ.get(name) or default
+    parts = urlsplit(raw)
+    if parts.scheme not in {"http", "https"} or not parts.netloc or parts.query or parts.fragment:
+        raise ImproperlyConfigured(
+            f"{name}={raw!r} must be an http:// or https:// URL without a query or fragment"
+        )
+    return raw.rstrip("/")
+
+
 def database_from_url(url: str, *, base_dir: Path, pool_size: int = 0) -> dict:
     """DATABASES entry for a postgres:// or sqlite:/// URL.
 

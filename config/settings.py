@@ -18,6 +18,7 @@ from config.env import (
     env_int,
     env_list,
     env_str,
+    env_url,
     load_dev_secrets,
     parse_encryption_keys,
     sqlite_database,
@@ -65,6 +66,7 @@ INSTALLED_APPS = [
     "axes",
     "approvals",
     "sessions_admin",
+    "notifications",
 ]
 
 MIDDLEWARE = [
@@ -224,6 +226,20 @@ APPROVALS_SESSION_OPENERS = {"django": "sessions_admin.orm_session.open_for_cons
 APPROVALS_DEMO_EFFECT_LOG = Path(
     env_str("APPROVALS_DEMO_EFFECT_LOG", str(BASE_DIR / "var" / "demo-effects.log"))
 )
+
+# Where people reach the console: links in notification emails and webhook payloads.
+APPROVALS_PUBLIC_URL = env_url("APPROVALS_PUBLIC_URL", "http://127.0.0.1:8000")
+
+# Notification email. Development prints messages to the console; set EMAIL_BACKEND to
+# django.core.mail.backends.smtp.EmailBackend (with EMAIL_HOST, ...) to send them.
+EMAIL_BACKEND = env_str("EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
+EMAIL_HOST = env_str("EMAIL_HOST", "localhost")
+EMAIL_PORT = env_int("EMAIL_PORT", 25, minimum=1)
+EMAIL_HOST_USER = env_str("EMAIL_HOST_USER")
+EMAIL_HOST_PASSWORD = env_str("EMAIL_HOST_PASSWORD")
+EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", default=False)
+EMAIL_TIMEOUT = env_int("EMAIL_TIMEOUT", 10, minimum=1)
+DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "approvals@localhost")
 
 OPENAI_API_KEY = env_str("OPENAI_API_KEY")
 APPROVALS_OPENAI_MODEL = env_str("APPROVALS_OPENAI_MODEL", "gpt-4.1-mini")

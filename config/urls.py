@@ -13,5 +13,6 @@ urlpatterns = [
     ),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("sessions/", include("sessions_admin.urls")),
+    path("notifications/", include("notifications.urls")),
     path("", include("approvals.urls")),
 ]

@@ -72,14 +72,14 @@ def test_seed_demo_creates_tenants_users_and_paused_runs(session_dir):
 
     counts = _counts()
     # 7 users per tenant plus the superuser; each run: run.paused + ticket.created; per
-    # tenant two group.changed and one policy.changed.
+    # tenant two group.changed and one policy.changed; webhook.created for acme's demo webhook.
     assert counts == {
         "tenants": 2,
         "users": 15,
         "memberships": 14,
         "paused runs": 4,
         "pending tickets": 4,
-        "audit events": 14,
+        "audit events": 15,
     }
     assert sorted(
         ApproverGroup.objects.filter(tenant__slug="acme").values_list("name", flat=True)

@@ -16,10 +16,11 @@ from django.test import Client
 from django.urls import reverse
 
 from approvals.models import AuditEvent, Role, Run, Tenant, Ticket, TicketStatus
+from notifications.models import Delivery, WebhookEndpoint
 from sessions_admin.models import StoredItem, StoredSession
 from tests.factories import TenantFactory, member, paused_run
 from tests.security import UnfillableRoute, fill, routes
-from tests.security.test_url_sweep import KWARGS, with_query
+from tests.security.test_url_sweep import KWARGS, webhook_for, with_query
 
 pytestmark = pytest.mark.django_db
 
@@ -33,6 +34,8 @@ class Side:
     run: Run
     slugs: list[str]
     session_ids: list[str]
+    endpoint_ids: list[int]
+    delivery_ids: list[int]
 
 
 @pytest.fixture(autouse=True)
@@ -49,7 +52,10 @@ def own():
     stored = StoredSession.objects.create(tenant=tenant, session_id="acme-session")
     StoredItem.objects.create(session=stored, data={"role": "user", "content": "hello"})
     admin = member(tenant, Role.ADMIN, username="acme-admin")
-    side = Side(Ticket.objects.get(run=run), run, ["acme"], ["acme-session"])
+    endpoint, delivery = webhook_for(tenant, admin, "https://hooks.example.com/acme")
+    side = Side(
+        Ticket.objects.get(run=run), run, ["acme"], ["acme-session"], [endpoint.pk], [delivery.pk]
+    )
     return tenant, admin, side
 
 
@@ -64,6 +70,8 @@ FORM = {
     "next": "/",
     "username": "acme-admin",
     "password": "test-pass-123",
+    "url": "https://evil.example/",
+    "events": ["ticket.created"],
 }
 
 
@@ -83,6 +91,8 @@ def snapshot(tenant: Tenant) -> tuple:
         list(Run.objects.values_list("pk", "status")),
         AuditEvent.objects.count(),
         StoredSession.objects.filter(tenant=tenant).count(),
+        list(WebhookEndpoint.objects.values_list("pk", "url", "events", "active")),
+        list(Delivery.objects.values_list("pk", "status", "attempts")),
     )
 
 

@@ -8,16 +8,20 @@ from __future__ import annotations
 
 import asyncio
 import types
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import urlencode
 
 import pytest
 from agents.memory import SQLiteSession
+from django.db import transaction
 from django.test import Client
 from django.urls import get_resolver, path, resolve
 
+from approvals import audit
 from approvals.audit import verify_chain
 from approvals.models import Role, Run, RunStatus, Tenant, Ticket, TicketStatus
+from notifications import services as notifications
+from notifications.models import Delivery, DeliveryStatus, Event, WebhookEndpoint
 from sessions_admin.models import StoredItem, StoredSession
 from sessions_admin.stores import sqlite_path
 from tests.factories import TenantFactory, member, paused_run
@@ -34,6 +38,14 @@ from tests.security import (
 
 pytestmark = pytest.mark.django_db
 
+
+def tenant_slugs(side, route) -> list[str]:
+    """B's slug; and A's own slug too where the route also names one of B's objects (an id,
+    or a session id in ?id=). A route that names only the tenant is A's own page under A's slug.
+    """
+    return side.slugs if any(k != "tenant" for k in route.kwargs) else side.slugs[:1]
+
+
 # kwarg name -> how to fill it with tenant B's objects. A new URL kwarg goes here.
 KWARGS: dict[str, Kwarg] = {
     "pk": Kwarg(
@@ -44,8 +56,11 @@ KWARGS: dict[str, Kwarg] = {
     "fmt": Kwarg(constant("csv", "jsonl", "xml"), scoped=False),
     "store": Kwarg(constant("django", "sqlite"), scoped=False),
     # B's slug, and A's own slug with B's session ids: neither may reach B's conversation.
-    "tenant": Kwarg(from_side("slugs"), scoped=True),
+    "tenant": Kwarg(tenant_slugs, scoped=True),
     "session_id": Kwarg(from_side("session_ids"), scoped=True),
+    # The webhook pages: B's endpoint and delivery, under B's slug and under A's own.
+    "endpoint": Kwarg(from_side("endpoint_ids"), scoped=True),
+    "delivery": Kwarg(from_side("delivery_ids"), scoped=True),
 }
 # Query parameters that name an object (the sessions pages take ?id=SESSION): every
 # object-scoped URL is also asked with each of tenant B's values.
@@ -57,6 +72,7 @@ B_RELEASE = "2031.01.02-bravo"
 B_REQUESTER = "bravo-requester"
 B_CONVERSATION = "bravo private conversation about the merger"
 B_SESSIONS = ["bravo-orm-session", "bravo-sqlite-session"]
+B_WEBHOOK = "https://bravo-hooks.example/merger-channel"
 ROLES = [Role.VIEWER, Role.APPROVER, Role.AUDITOR, Role.ADMIN]
 
 
@@ -67,6 +83,21 @@ class Side:
     run: Run
     slugs: list[str]
     session_ids: list[str]
+    endpoint_ids: list[int] = field(default_factory=list)
+    delivery_ids: list[int] = field(default_factory=list)
+
+
+def webhook_for(tenant: Tenant, admin, url: str) -> tuple[WebhookEndpoint, Delivery]:
+    """An endpoint with one failed delivery, so that a retry would change something."""
+    endpoint, _ = notifications.create_endpoint(
+        tenant=tenant, user=admin, url=url, events=list(Event.values)
+    )
+    with transaction.atomic():
+        event = audit.append(tenant_id=tenant.pk, action="run.failed", actor_name="worker")
+    notifications.fan_out(audit_event=event)
+    delivery = Delivery.objects.get(endpoint=endpoint)
+    Delivery.objects.filter(pk=delivery.pk).update(status=DeliveryStatus.FAILED, attempts=5)
+    return endpoint, delivery
 
 
 @pytest.fixture(autouse=True)
@@ -99,8 +130,9 @@ def world() -> dict:
         prompt=f"Deploy release {B_RELEASE} to production",
         requested_by=member(bravo, Role.VIEWER, username=B_REQUESTER),
     )
-    member(bravo, Role.ADMIN, username="bravo-admin")
+    bravo_admin = member(bravo, Role.ADMIN, username="bravo-admin")
     sessions_for(bravo, *B_SESSIONS, B_CONVERSATION)
+    endpoint, delivery = webhook_for(bravo, bravo_admin, B_WEBHOOK)
     return {
         "alpha": alpha,
         "alpha_run": alpha_run,
@@ -110,6 +142,8 @@ def world() -> dict:
             run=bravo_run,
             slugs=[B_SLUG, "alpha"],
             session_ids=B_SESSIONS,
+            endpoint_ids=[endpoint.pk],
+            delivery_ids=[delivery.pk],
         ),
     }
 
@@ -121,7 +155,7 @@ def body(response) -> str:
 
 def leaks(text: str, asked: str) -> list[str]:
     """Tenant B's facts found in a response; what the user typed themselves does not count."""
-    markers = [B_NAME, B_RELEASE, B_REQUESTER, B_CONVERSATION, B_SLUG, *B_SESSIONS]
+    markers = [B_NAME, B_RELEASE, B_REQUESTER, B_CONVERSATION, B_SLUG, B_WEBHOOK, *B_SESSIONS]
     return [m for m in markers if m in text and m not in asked]
 
 
@@ -196,6 +230,10 @@ def assert_bravo_untouched(world: dict, audit_seq: int) -> None:
     assert Ticket.objects.get(pk=side.ticket.pk).status == TicketStatus.PENDING
     assert Run.objects.get(pk=side.run.pk).status == RunStatus.PAUSED
     assert StoredSession.objects.filter(tenant=side.tenant).count() == 1
+    assert list(WebhookEndpoint.objects.filter(tenant=side.tenant).values_list("pk", "url")) == [
+        (side.endpoint_ids[0], B_WEBHOOK)
+    ]
+    assert Delivery.objects.get(pk=side.delivery_ids[0]).status == DeliveryStatus.FAILED
     tenant = Tenant.objects.get(pk=side.tenant.pk)
     assert tenant.audit_seq == audit_seq
     assert verify_chain(tenant).ok
@@ -227,14 +265,18 @@ def test_url_sweep_anonymous_user_sees_nothing_of_any_tenant(world):
 def test_url_sweep_own_objects_answer_200_so_the_sweep_can_fail(client, world):
     """The control: the same URLs with tenant A's own objects are readable by its admin."""
     alpha_run = world["alpha_run"]
+    alpha_admin = member(world["alpha"], Role.ADMIN, username="alpha-admin")
+    endpoint, delivery = webhook_for(world["alpha"], alpha_admin, "https://alpha.example/")
     side = Side(
         tenant=world["alpha"],
         ticket=Ticket.objects.get(run=alpha_run),
         run=alpha_run,
         slugs=["alpha"],
         session_ids=["alpha-orm-session"],
+        endpoint_ids=[endpoint.pk],
+        delivery_ids=[delivery.pk],
     )
-    client.force_login(member(world["alpha"], Role.ADMIN, username="alpha-admin"))
+    client.force_login(alpha_admin)
     statuses = {}
     for route in routes():
         if is_scoped(route, KWARGS):
@@ -250,6 +292,11 @@ def test_url_sweep_own_objects_answer_200_so_the_sweep_can_fail(client, world):
         "approvals:resolve": 405,
         "sessions_admin:clear": 200,
         "sessions_admin:detail": 200,
+        "notifications:webhooks": 200,
+        "notifications:webhook": 200,
+        "notifications:delete": 405,
+        "notifications:deliveries": 200,
+        "notifications:retry": 405,
     }
 
 
@@ -313,5 +360,11 @@ def test_url_sweep_walks_the_whole_project_but_admin():
         "sessions_admin:purge-confirm",
         "sessions_admin:clear",
         "sessions_admin:detail",
+        "notifications:index",
+        "notifications:webhooks",
+        "notifications:webhook",
+        "notifications:delete",
+        "notifications:deliveries",
+        "notifications:retry",
     }
     assert not any(route.route.startswith("admin/") for route in routes())

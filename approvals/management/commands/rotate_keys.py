@@ -7,6 +7,7 @@ import sys
 from django.core.management.base import BaseCommand
 
 from approvals import crypto, services
+from notifications import services as notifications
 
 
 class Command(BaseCommand):
@@ -18,6 +19,12 @@ class Command(BaseCommand):
             f"primary key {crypto.primary_key_id()}: {counts['rotated']} re-encrypted, "
             f"{counts['already_current']} already current, {counts['failed']} could not be opened"
         )
-        if counts["failed"]:
+        webhooks = notifications.rotate_webhook_secrets()
+        if webhooks["rotated"] or webhooks["failed"]:
+            self.stdout.write(
+                f"webhook secrets: {webhooks['rotated']} re-encrypted, "
+                f"{webhooks['failed']} could not be opened"
+            )
+        if counts["failed"] or webhooks["failed"]:
             self.stderr.write("some states could not be opened with any key in the ring")
             sys.exit(1)

@@ -17,11 +17,15 @@ from django.utils import timezone
 
 from approvals import registry, services
 from approvals.models import ApprovalPolicy, ApproverGroup, Membership, Role, Run, Tenant
+from notifications import services as notifications
+from notifications.models import Event, WebhookEndpoint
 from sessions_admin.models import StoredItem, StoredSession
 from sessions_admin.orm_session import DjangoSession
 from sessions_admin.stores import redis_prefix, sqlite_path
 
 DEMO_PASSWORD = "demo-pass-2026"
+# Where bin/run-dev starts `manage.py webhook_receiver`; acme's demo webhook points here.
+DEMO_WEBHOOK_URL = os.environ.get("DEMO_WEBHOOK_URL", "http://127.0.0.1:8025/")
 TENANTS = {"acme": "Acme Corp", "globex": "Globex"}
 # username suffix -> role; "requester" starts agent runs and so may not approve them.
 USERS = {
@@ -52,7 +56,11 @@ class Command(BaseCommand):
             for slug, name in TENANTS.items():
                 tenants[slug], _ = Tenant.objects.get_or_create(slug=slug, defaults={"name": name})
                 for suffix, role in USERS.items():
-                    user, created = User.objects.get_or_create(username=f"{slug}-{suffix}")
+                    user, created = User.objects.get_or_create(
+                        username=f"{slug}-{suffix}",
+                        # Notification emails go to the console in development.
+                        defaults={"email": f"{slug}-{suffix}@example.com"},
+                    )
                     if created:
                         user.set_password(DEMO_PASSWORD)
                         user.save()
@@ -67,6 +75,8 @@ class Command(BaseCommand):
                 superuser.save()
             for slug, tenant in tenants.items():
                 _seed_policy(tenant, slug)
+
+        webhook = _seed_webhook(tenants["acme"], User.objects.get(username="acme-admin"))
 
         session_dir = settings.APPROVALS_SQLITE_SESSION_DIR
         session_dir.mkdir(parents=True, exist_ok=True)
@@ -108,6 +118,24 @@ class Command(BaseCommand):
             names = ", ".join(f"{slug}-{suffix} ({role})" for suffix, role in USERS.items())
             self.stdout.write(f"  {slug}: {names}")
         self.stdout.write("  admin (Django admin superuser)")
+        self.stdout.write(
+            f"  acme webhook {webhook.pk} -> {webhook.url} (manage.py webhook_receiver)"
+        )
+
+
+def _seed_webhook(tenant: Tenant, admin) -> WebhookEndpoint:
+    """acme's demo webhook, for every event, to the local development receiver. Idempotent."""
+    existing = WebhookEndpoint.objects.filter(tenant=tenant, url=DEMO_WEBHOOK_URL).first()
+    if existing:
+        return existing
+    endpoint, _ = notifications.create_endpoint(
+        tenant=tenant,
+        user=admin,
+        url=DEMO_WEBHOOK_URL,
+        description="Demo receiver: manage.py webhook_receiver, started by bin/run-dev",
+        events=list(Event.values),
+    )
+    return endpoint
 
 
 # group -> username suffixes; policies name these groups in their rules and escalations.

@@ -1,5 +1,7 @@
 """The console's worker: django-tasks-db's db_worker, woken by NOTIFY, plus the reaper.
 
+It serves the default queue: resume tasks and the notifications' webhook and email tasks.
+
 db_worker polls on a timer and has no lease: a worker killed mid-task leaves its task RUNNING
 forever. So every worker process also runs the reaper (they are safe together), and on
 PostgreSQL it LISTENs for the NOTIFY that each enqueue sends on commit, so an approved run
@@ -18,6 +20,7 @@ from django.core.management.base import BaseCommand
 from django.db import connection
 
 from approvals import services
+from notifications import services as notifications
 
 logger = logging.getLogger("approvals.worker")
 
@@ -37,6 +40,9 @@ def _reaper_loop(interval: float, stop: threading.Event) -> None:
                     report.escalated,
                     report.queued,
                 )
+            lost = notifications.requeue_stale()
+            if lost:
+                logger.info("reaper: re-enqueued %s webhook deliveries", lost)
         except Exception:
             logger.exception("reaper pass failed; trying again next time")
         finally:

@@ -1,0 +1,11 @@
+from __future__ import annotations
+
+from django.apps import AppConfig
+
+
+class NotificationsConfig(AppConfig):
+    name = "notifications"
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from notifications import receivers  # noqa: F401

@@ -1,0 +1,630 @@
+"""Notifications: webhook endpoints, their deliveries, and email.
+
+Each service owns its transaction and lists its side effects. The fan-out runs when an audit
+event has committed (approvals.signals.audit_event_committed); it only writes delivery rows and
+enqueues tasks, so a slow receiver or SMTP server never slows a decision.
+
+Payloads carry ids, the tool name, the arguments digest, the status, the actor and a link, but
+never argument values: arguments are stored as the model sent them (only the audit log and the
+pages mask secret-shaped values), so they may hold secrets or customer data. A receiver that
+needs them follows the link and signs in.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from urllib.parse import urlsplit
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.mail import send_mass_mail
+from django.db import connection, transaction
+from django.template.loader import render_to_string
+from django.urls import reverse
+from django.utils import timezone
+
+from approvals import audit, crypto
+from approvals.models import DECIDING_ROLES, AuditEvent, Membership, Run, Tenant
+from approvals.redaction import redact
+from notifications import signing
+from notifications.events import event_for
+from notifications.models import Delivery, DeliveryStatus, Event, WebhookEndpoint
+
+SECRET_PURPOSE = "webhook-secret"
+MAX_ATTEMPTS = 5
+# Waits after attempts 1..4; the fifth failure is final.
+BACKOFF = [
+    timedelta(seconds=10),
+    timedelta(minutes=1),
+    timedelta(minutes=5),
+    timedelta(minutes=30),
+]
+TIMEOUT_SECONDS = 5.0
+# A claimed attempt keeps others off the delivery for this long (longer than any request).
+IN_FLIGHT = timedelta(seconds=30)
+USER_AGENT = "approval-console-webhooks/1"
+
+
+class WebhookURLError(ValueError):
+    pass
+
+
+def check_url(url: str) -> str:
+    """Only absolute http(s) URLs with a host; anything else never leaves the console."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise WebhookURLError("Enter an http:// or https:// URL with a host name.")
+    if parts.username or parts.password:
+        raise WebhookURLError("Put credentials in the signature secret, not in the URL.")
+    return url
+
+
+# --- secrets --------------------------------------------------------------------------------
+
+
+def _binding(endpoint: WebhookEndpoint) -> dict[str, object]:
+    return {"tenant": endpoint.tenant_id, "endpoint": endpoint.pk}
+
+
+def _seal_secret(endpoint: WebhookEndpoint, secret: str) -> None:
+    sealed = crypto.seal(secret.encode(), purpose=SECRET_PURPOSE, **_binding(endpoint))
+    endpoint.secret_key_id = sealed.key_id
+    endpoint.secret_nonce = sealed.nonce
+    endpoint.secret_ciphertext = sealed.ciphertext
+
+
+def endpoint_secret(endpoint: WebhookEndpoint) -> str:
+    """The signing secret. Raises crypto.CryptoError when it cannot be opened."""
+    return crypto.open_sealed(
+        crypto.Sealed(
+            endpoint.secret_key_id, bytes(endpoint.secret_nonce), bytes(endpoint.secret_ciphertext)
+        ),
+        purpose=SECRET_PURPOSE,
+        **_binding(endpoint),
+    ).decode()
+
+
+def rotate_webhook_secrets() -> dict[str, int]:
+    """Re-seal every endpoint secret under the primary key (called by rotate_keys).
+
+    Side effects: each endpoint not under the primary key is re-sealed in its own transaction.
+    """
+    primary = crypto.primary_key_id()
+    counts = {"rotated": 0, "failed": 0}
+    ids = WebhookEndpoint.objects.exclude(secret_key_id=primary).values_list("pk", flat=True)
+    for pk in list(ids):
+        with transaction.atomic():
+            endpoint = WebhookEndpoint.objects.select_for_update().get(pk=pk)
+            try:
+                secret = endpoint_secret(endpoint)
+            except crypto.CryptoError:
+                counts["failed"] += 1
+                continue
+            _seal_secret(endpoint, secret)
+            endpoint.save(update_fields=["secret_key_id", "secret_nonce", "secret_ciphertext"])
+            counts["rotated"] += 1
+    return counts
+
+
+# --- endpoints ------------------------------------------------------------------------------
+
+
+def _host(url: str) -> str:
+    # The audit log names the host only: a path or query may carry a receiver's token.
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}"
+
+
+def create_endpoint(
+    *,
+    tenant: Tenant,
+    user,
+    url: str,
+    description: str = "",
+    events: list[str],
+    active: bool = True,
+) -> tuple[WebhookEndpoint, str]:
+    """Create an endpoint with a new signing secret; returns it with the secret, shown once.
+
+    Side effects: inserts the endpoint with the secret sealed; audit webhook.created.
+    """
+    check_url(url)
+    secret = "whsec_" + secrets.token_urlsafe(32)
+    with transaction.atomic():
+        endpoint = WebhookEndpoint.objects.create(
+            tenant=tenant,
+            url=url,
+            description=description,
+            events=sorted(set(events)),
+            active=active,
+            created_by=user,
+        )
+        # The sealed secret is bound to the endpoint's id, so it is sealed once the row exists.
+        _seal_secret(endpoint, secret)
+        endpoint.save(update_fields=["secret_key_id", "secret_nonce", "secret_ciphertext"])
+        audit.append(
+            tenant_id=tenant.pk,
+            action="webhook.created",
+            actor=user,
+            outcome="active" if active else "inactive",
+            detail={"endpoint": endpoint.pk, "host": _host(url), "events": endpoint.events},
+        )
+    return endpoint, secret
+
+
+def update_endpoint(
+    endpoint: WebhookEndpoint,
+    *,
+    user,
+    url: str,
+    description: str,
+    events: list[str],
+    active: bool,
+) -> WebhookEndpoint:
+    """Change an endpoint's URL, description, events or active flag; the secret stays.
+
+    Side effects: updates the row; audit webhook.changed.
+    """
+    check_url(url)
+    with transaction.atomic():
+        endpoint.url = url
+        endpoint.description = description
+        endpoint.events = sorted(set(events))
+        endpoint.active = active
+        endpoint.updated_at = timezone.now()
+        endpoint.save(update_fields=["url", "description", "events", "active", "updated_at"])
+        audit.append(
+            tenant_id=endpoint.tenant_id,
+            action="webhook.changed",
+            actor=user,
+            outcome="active" if active else "inactive",
+            detail={"endpoint": endpoint.pk, "host": _host(url), "events": endpoint.events},
+        )
+    return endpoint
+
+
+def delete_endpoint(endpoint: WebhookEndpoint, *, user) -> None:
+    """Delete an endpoint and its delivery log.
+
+    Side effects: deletes the endpoint and its deliveries; audit webhook.deleted. A delivery
+    task still queued for it finds no row and does nothing.
+    """
+    with transaction.atomic():
+        audit.append(
+            tenant_id=endpoint.tenant_id,
+            action="webhook.deleted",
+            actor=user,
+            outcome="deleted",
+            detail={"endpoint": endpoint.pk, "host": _host(endpoint.url)},
+        )
+        endpoint.delete()
+
+
+# --- fan-out --------------------------------------------------------------------------------
+
+
+def link_for(*, ticket_id: int | None, run_id: int | None) -> str:
+    base = settings.APPROVALS_PUBLIC_URL.rstrip("/")
+    if ticket_id:
+        return base + reverse("approvals:ticket", args=[ticket_id])
+    if run_id:
+        return base + reverse("approvals:run", args=[run_id])
+    return base + reverse("approvals:queue")
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What a notification says, read once from the audit event and its run."""
+
+    event: str
+    action: str
+    tenant_slug: str
+    tenant_name: str
+    ticket_id: int | None
+    run_id: int | None
+    run_title: str
+    tool: str
+    arguments_digest: str
+    status: str
+    actor: str
+    actor_id: int | None
+    requester_id: int | None
+    time: datetime
+    link: str
+
+    def payload(self, audit_event: AuditEvent) -> dict:
+        return {
+            # Stable across retries: receivers deduplicate on it.
+            "id": f"{self.tenant_slug}:{audit_event.seq}",
+            "event": self.event,
+            "action": self.action,
+            "tenant": self.tenant_slug,
+            "ticket": self.ticket_id,
+            "run": self.run_id,
+            "run_title": self.run_title,
+            "tool": self.tool,
+            "arguments_digest": self.arguments_digest,
+            "status": self.status,
+            "actor": self.actor,
+            "time": self.time.isoformat(),
+            "url": self.link,
+        }
+
+
+def facts_for(audit_event: AuditEvent, event: str) -> Facts:
+    tenant = Tenant.objects.only("slug", "name").get(pk=audit_event.tenant_id)
+    run = (
+        Run.objects.only("title", "requested_by_id").filter(pk=audit_event.run_id).first()
+        if audit_event.run_id
+        else None
+    )
+    return Facts(
+        event=event,
+        action=audit_event.action,
+        tenant_slug=tenant.slug,
+        tenant_name=tenant.name,
+        ticket_id=audit_event.ticket_id,
+        run_id=audit_event.run_id,
+        run_title=run.title if run else "",
+        tool=audit_event.tool_name,
+        arguments_digest=audit_event.arguments_digest,
+        status=audit_event.outcome,
+        actor=audit_event.actor_name,
+        actor_id=audit_event.actor_id,
+        requester_id=run.requested_by_id if run else None,
+        time=audit_event.created_at,
+        link=link_for(ticket_id=audit_event.ticket_id, run_id=audit_event.run_id),
+    )
+
+
+def _emails(user_ids) -> list[str]:
+    return sorted(
+        set(
+            get_user_model()
+            .objects.filter(pk__in=list(user_ids), is_active=True)
+            .exclude(email="")
+            .values_list("email", flat=True)
+        )
+    )
+
+
+def _deciding_member_ids(tenant_id: int) -> set[int]:
+    return set(
+        Membership.objects.filter(tenant_id=tenant_id, role__in=DECIDING_ROLES).values_list(
+            "user_id", flat=True
+        )
+    )
+
+
+def recipients_for(facts: Facts, tenant_id: int) -> list[str]:
+    """Who gets an email: the one rule, to extend here.
+
+    New ticket: the tenant's deciding members (not the requester, who may not approve).
+    Escalation: the deciding members (helper P's escalation group, once it exists, goes here).
+    Anything else: the person who started the run. Never the person who caused the event.
+    """
+    if facts.event in (Event.TICKET_CREATED, Event.TICKET_ESCALATED):
+        ids = _deciding_member_ids(tenant_id) - {facts.requester_id}
+    else:
+        ids = {facts.requester_id}
+    return _emails(ids - {None, facts.actor_id})
+
+
+def _wake_worker() -> None:
+    from approvals.services import WAKE_CHANNEL
+
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(f"NOTIFY {WAKE_CHANNEL}")
+
+
+def fan_out(*, audit_event: AuditEvent) -> list[Delivery]:
+    """Turn a committed audit event into deliveries and emails.
+
+    Side effects: one Delivery row per active endpoint of the tenant that wants the event
+    (idempotent per endpoint and event) with its delivery task enqueued; one email task when
+    the event has recipients. Nothing at all for an audit action that does not notify.
+    """
+    event = event_for(audit_event)
+    if event is None:
+        return []
+    # Filtered here, not in SQL: JSON containment differs between SQLite and PostgreSQL.
+    active = WebhookEndpoint.objects.filter(tenant_id=audit_event.tenant_id, active=True)
+    endpoints = [e for e in active if e.wants(event)]
+    facts = facts_for(audit_event, event)
+    recipients = recipients_for(facts, audit_event.tenant_id)
+    if not endpoints and not recipients:
+        return []
+    from notifications.tasks import deliver_webhook_task, send_email_task
+
+    body = json.dumps(facts.payload(audit_event), separators=(",", ":"), sort_keys=True)
+    now = timezone.now()
+    created = []
+    with transaction.atomic():
+        for endpoint in endpoints:
+            delivery, new = Delivery.objects.get_or_create(
+                endpoint=endpoint,
+                audit_event_id=audit_event.pk,
+                defaults={
+                    "tenant_id": endpoint.tenant_id,
+                    "event": event,
+                    "payload": body,
+                    "next_attempt_at": now,
+                    "created_at": now,
+                    "updated_at": now,
+                },
+            )
+            if new:
+                deliver_webhook_task.enqueue(delivery.pk)
+                created.append(delivery)
+        if recipients:
+            send_email_task.enqueue(audit_event.pk, recipients)
+        _wake_worker()
+    return created
+
+
+# --- delivering -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Outcome:
+    ok: bool
+    status_code: int | None
+    error: str
+    duration_ms: int
+
+
+def _short(text: str) -> str:
+    return str(redact(" ".join(text.split())))[:200]
+
+
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        return None  # the 3xx response reaches the caller as an HTTPError
+
+
+# No proxies from the environment, no redirects: the request goes where the admin said.
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirects)
+
+
+def post(url: str, body: bytes, headers: dict[str, str]) -> Outcome:
+    """One POST, no redirects followed, bounded by TIMEOUT_SECONDS."""
+    started = time.monotonic()
+
+    def took() -> int:
+        return int((time.monotonic() - started) * 1000)
+
+    try:
+        check_url(url)
+        request = urllib.request.Request(url, data=body, headers=headers, method="POST")
+        with _OPENER.open(request, timeout=TIMEOUT_SECONDS) as response:
+            code = response.status
+    except WebhookURLError as error:
+        return Outcome(False, None, str(error), took())
+    except urllib.error.HTTPError as error:
+        code = error.code
+        error.close()
+    except TimeoutError:
+        return Outcome(False, None, f"timed out after {TIMEOUT_SECONDS:g} s", took())
+    except urllib.error.URLError as error:
+        if isinstance(error.reason, TimeoutError):
+            return Outcome(False, None, f"timed out after {TIMEOUT_SECONDS:g} s", took())
+        return Outcome(False, None, _short(f"cannot connect: {error.reason}"), took())
+    except (OSError, ValueError) as error:
+        return Outcome(False, None, _short(f"{type(error).__name__}: {error}"), took())
+    if 200 <= code < 300:
+        return Outcome(True, code, "", took())
+    if 300 <= code < 400:
+        return Outcome(False, code, f"HTTP {code}: redirects are not followed", took())
+    return Outcome(False, code, f"HTTP {code}", took())
+
+
+def _claim(delivery_id: int, now: datetime) -> Delivery | None:
+    with transaction.atomic():
+        delivery = (
+            Delivery.objects.select_for_update()
+            .select_related("endpoint")
+            .filter(pk=delivery_id)
+            .first()
+        )
+        if delivery is None or delivery.status != DeliveryStatus.PENDING:
+            return None
+        # Another task holds it, or this one ran before its time: leave it to that one.
+        if delivery.next_attempt_at and delivery.next_attempt_at > now + timedelta(seconds=1):
+            return None
+        delivery.attempts += 1
+        delivery.next_attempt_at = now + IN_FLIGHT
+        delivery.updated_at = now
+        delivery.save(update_fields=["attempts", "next_attempt_at", "updated_at"])
+        return delivery
+
+
+def attempt(delivery_id: int, *, now: datetime | None = None) -> Delivery | None:
+    """Send one attempt of a pending delivery whose time has come; None when there was none.
+
+    Side effects: claims the attempt (attempts + 1) in a short transaction, POSTs outside any
+    transaction, then records the outcome: delivered (audit webhook.delivered); or, after
+    MAX_ATTEMPTS, failed (audit webhook.failed); or pending with the next attempt enqueued
+    after the backoff.
+    """
+    now = now or timezone.now()
+    delivery = _claim(delivery_id, now)
+    if delivery is None:
+        return None
+    endpoint = delivery.endpoint
+    body = delivery.payload.encode()
+    try:
+        secret = endpoint_secret(endpoint)
+    except crypto.CryptoError:
+        outcome = Outcome(False, None, "the signing secret cannot be opened with the key ring", 0)
+    else:
+        headers = {
+            "Content-Type": "application/json",
+            "User-Agent": USER_AGENT,
+            "X-Approvals-Event": delivery.event,
+            "X-Approvals-Delivery": str(delivery.pk),
+            # The wall clock, not `now`: the receiver checks when the request was really sent.
+            **signing.headers(secret, body),
+        }
+        outcome = post(endpoint.url, body, headers)
+    return _record(delivery, outcome, now)
+
+
+def _record(delivery: Delivery, outcome: Outcome, now: datetime) -> Delivery:
+    from notifications.tasks import deliver_webhook_task
+
+    with transaction.atomic():
+        if not Delivery.objects.select_for_update().filter(pk=delivery.pk).exists():
+            return delivery  # its endpoint was deleted during the attempt
+        delivery.last_status_code = outcome.status_code
+        delivery.last_error = outcome.error
+        delivery.last_duration_ms = outcome.duration_ms
+        delivery.updated_at = now
+        if outcome.ok:
+            delivery.status = DeliveryStatus.DELIVERED
+            delivery.delivered_at = now
+            delivery.next_attempt_at = None
+            action = "webhook.delivered"
+        elif delivery.attempts >= MAX_ATTEMPTS:
+            delivery.status = DeliveryStatus.FAILED
+            delivery.next_attempt_at = None
+            action = "webhook.failed"
+        else:
+            delivery.next_attempt_at = now + BACKOFF[min(delivery.attempts, len(BACKOFF)) - 1]
+            action = ""
+        delivery.save(
+            update_fields=[
+                "status",
+                "attempts",
+                "next_attempt_at",
+                "last_status_code",
+                "last_error",
+                "last_duration_ms",
+                "updated_at",
+                "delivered_at",
+            ]
+        )
+        if action:
+            _audit_delivery(delivery, action, actor=None)
+        else:
+            deliver_webhook_task.using(run_after=delivery.next_attempt_at).enqueue(delivery.pk)
+    return delivery
+
+
+def _audit_delivery(delivery: Delivery, action: str, *, actor) -> None:
+    audit.append(
+        tenant_id=delivery.tenant_id,
+        action=action,
+        actor=actor,
+        actor_name="" if actor else "notifications",
+        outcome=delivery.status,
+        detail={
+            "delivery": delivery.pk,
+            "endpoint": delivery.endpoint_id,
+            "event": delivery.event,
+            "audit_event": delivery.audit_event_id,
+            "attempts": delivery.attempts,
+            "status_code": delivery.last_status_code,
+            "error": delivery.last_error,
+        },
+    )
+
+
+# A pending delivery this far past its time has lost its task (a worker died mid-attempt).
+STALE = timedelta(minutes=2)
+
+
+def requeue_stale(*, now: datetime | None = None) -> int:
+    """Give lost deliveries a task again; called by the worker's reaper loop.
+
+    Side effects: each pending delivery whose next attempt is more than STALE overdue gets its
+    task enqueued and its next attempt set to now (so the next pass leaves it alone). A
+    duplicate task is harmless: the claim lets one attempt through.
+    """
+    from notifications.tasks import deliver_webhook_task
+
+    now = now or timezone.now()
+    with transaction.atomic():
+        stale = list(
+            Delivery.objects.select_for_update()
+            .filter(status=DeliveryStatus.PENDING, next_attempt_at__lt=now - STALE)
+            .values_list("pk", flat=True)[:500]
+        )
+        if not stale:
+            return 0
+        Delivery.objects.filter(pk__in=stale).update(next_attempt_at=now, updated_at=now)
+        for pk in stale:
+            deliver_webhook_task.enqueue(pk)
+        _wake_worker()
+    return len(stale)
+
+
+class NotRetryable(Exception):
+    pass
+
+
+def retry(delivery: Delivery, *, user) -> Delivery:
+    """Send a failed delivery again from its first attempt.
+
+    Side effects: the delivery goes back to pending with attempts 0 (compare-and-set on
+    failed, so two clicks retry once); audit webhook.retried; its task enqueued.
+    """
+    from notifications.tasks import deliver_webhook_task
+
+    now = timezone.now()
+    with transaction.atomic():
+        won = Delivery.objects.filter(pk=delivery.pk, status=DeliveryStatus.FAILED).update(
+            status=DeliveryStatus.PENDING, attempts=0, next_attempt_at=now, updated_at=now
+        )
+        if not won:
+            raise NotRetryable("only a failed delivery can be retried")
+        delivery.refresh_from_db()
+        _audit_delivery(delivery, "webhook.retried", actor=user)
+        deliver_webhook_task.enqueue(delivery.pk)
+        _wake_worker()
+    return delivery
+
+
+# --- email ----------------------------------------------------------------------------------
+
+SUBJECTS = {
+    Event.TICKET_CREATED: "Approval needed: {tool}",
+    Event.TICKET_DECIDED: "{tool} {status} by {actor}",
+    Event.TICKET_EXPIRED: "{tool} expired without a decision",
+    Event.TICKET_ESCALATED: "Escalated: {tool} needs a decision",
+    Event.RUN_COMPLETED: "Run completed: {title}",
+    Event.RUN_FAILED: "Run {status}: {title}",
+}
+
+
+def email_for(facts: Facts) -> tuple[str, str]:
+    """Subject and plain-text body of a notification email."""
+    subject = SUBJECTS[facts.event].format(
+        tool=facts.tool or "a tool call",
+        status=facts.status.replace("_", " ") or "changed",
+        actor=facts.actor,
+        title=facts.run_title or f"run {facts.run_id}",
+    )
+    subject = f"[{facts.tenant_name}] {subject}"[:200]
+    body = render_to_string("notifications/email.txt", {"facts": facts})
+    return subject, body
+
+
+def send_email(*, audit_event_id: int, recipients: list[str]) -> int:
+    """Send the email about one audit event.
+
+    Side effects: one message per recipient (no one sees the others' addresses) through
+    EMAIL_BACKEND.
+    """
+    audit_event = AuditEvent.objects.get(pk=audit_event_id)
+    event = event_for(audit_event)
+    if event is None or not recipients:
+        return 0
+    subject, body = email_for(facts_for(audit_event, event))
+    return send_mass_mail([(subject, body, None, [to]) for to in recipients])

@@ -1,0 +1,20 @@
+"""Background tasks: thin wrappers that take primitive ids and call a service."""
+
+from __future__ import annotations
+
+from django_tasks import task
+
+
+@task()
+def deliver_webhook_task(delivery_id: int) -> str:
+    from notifications import services
+
+    delivery = services.attempt(delivery_id)
+    return delivery.status if delivery else "skipped"
+
+
+@task()
+def send_email_task(audit_event_id: int, recipients: list[str]) -> int:
+    from notifications import services
+
+    return services.send_email(audit_event_id=audit_event_id, recipients=recipients)

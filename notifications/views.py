@@ -1,0 +1,184 @@
+"""Webhooks and their delivery log: admins of the tenant only; everyone else gets 404."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+
+from approvals.models import Membership, Role, Tenant
+from approvals.pagination import BadCursor, after_descending
+from notifications import services
+from notifications.forms import DeliveryFilterForm, EndpointForm
+from notifications.models import Delivery, DeliveryStatus, WebhookEndpoint
+
+DELIVERY_PAGE = 50
+
+
+def _admin_tenants(request: HttpRequest) -> dict[str, Tenant]:
+    return {
+        m.tenant.slug: m.tenant
+        for m in Membership.objects.filter(user=request.user, role=Role.ADMIN).select_related(
+            "tenant"
+        )
+    }
+
+
+def _get_tenant_for_admin(request: HttpRequest, slug: str) -> Tenant:
+    tenant = _admin_tenants(request).get(slug)
+    if tenant is None:
+        raise Http404("No such page.")
+    return tenant
+
+
+def _get_endpoint_for_admin(request: HttpRequest, slug: str, pk: int) -> WebhookEndpoint:
+    tenant = _get_tenant_for_admin(request, slug)
+    endpoint = WebhookEndpoint.objects.filter(pk=pk, tenant=tenant).select_related("tenant").first()
+    if endpoint is None:
+        raise Http404("No such webhook.")
+    return endpoint
+
+
+def _get_delivery_for_admin(request: HttpRequest, slug: str, pk: int) -> Delivery:
+    tenant = _get_tenant_for_admin(request, slug)
+    delivery = Delivery.objects.filter(pk=pk, tenant=tenant).select_related("endpoint").first()
+    if delivery is None:
+        raise Http404("No such delivery.")
+    return delivery
+
+
+@login_required
+@require_GET
+def index(request: HttpRequest) -> HttpResponse:
+    tenants = _admin_tenants(request)
+    if not tenants:
+        raise Http404("No such page.")
+    active = request.session.get("console_tenant", "")
+    slug = active if active in tenants else sorted(tenants)[0]
+    return redirect("notifications:webhooks", tenant=slug)
+
+
+def _list_context(request: HttpRequest, tenant: Tenant, form: EndpointForm) -> dict:
+    return {
+        "tenant": tenant,
+        "admin_tenants": sorted(_admin_tenants(request)),
+        "endpoints": WebhookEndpoint.objects.filter(tenant=tenant).order_by("pk"),
+        "form": form,
+    }
+
+
+@never_cache
+@login_required
+@require_http_methods(["GET", "POST"])
+def endpoint_list(request: HttpRequest, tenant: str) -> HttpResponse:
+    tenant_row = _get_tenant_for_admin(request, tenant)
+    if request.method == "POST":
+        form = EndpointForm(request.POST)
+        if form.is_valid():
+            endpoint, secret = services.create_endpoint(
+                tenant=tenant_row, user=request.user, **form.cleaned_data
+            )
+            # Shown in this response only: the secret is stored sealed and never shown again.
+            context = _list_context(request, tenant_row, EndpointForm(initial={"active": True}))
+            context.update(created=endpoint, secret=secret)
+            return render(request, "notifications/webhooks.html", context, status=201)
+        context = _list_context(request, tenant_row, form)
+        return render(request, "notifications/webhooks.html", context, status=400)
+    form = EndpointForm(initial={"active": True, "events": []})
+    return render(request, "notifications/webhooks.html", _list_context(request, tenant_row, form))
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def endpoint_edit(request: HttpRequest, tenant: str, endpoint: int) -> HttpResponse:
+    row = _get_endpoint_for_admin(request, tenant, endpoint)
+    status = 200
+    if request.method == "POST":
+        form = EndpointForm(request.POST)
+        if form.is_valid():
+            services.update_endpoint(row, user=request.user, **form.cleaned_data)
+            messages.success(request, "Webhook saved.")
+            return redirect("notifications:webhooks", tenant=tenant)
+        status = 400
+    else:
+        form = EndpointForm(
+            initial={
+                "url": row.url,
+                "description": row.description,
+                "events": row.events,
+                "active": row.active,
+            }
+        )
+    context = {"tenant": row.tenant, "endpoint": row, "form": form}
+    return render(request, "notifications/webhook.html", context, status=status)
+
+
+@login_required
+@require_POST
+def endpoint_delete(request: HttpRequest, tenant: str, endpoint: int) -> HttpResponse:
+    row = _get_endpoint_for_admin(request, tenant, endpoint)
+    services.delete_endpoint(row, user=request.user)
+    messages.success(request, "Webhook deleted with its delivery log.")
+    return redirect("notifications:webhooks", tenant=tenant)
+
+
+@login_required
+@require_GET
+def delivery_log(request: HttpRequest, tenant: str) -> HttpResponse:
+    tenant_row = _get_tenant_for_admin(request, tenant)
+    endpoints = {e.pk: e for e in WebhookEndpoint.objects.filter(tenant=tenant_row)}
+    form = DeliveryFilterForm(request.GET, endpoint_ids=set(endpoints))
+    page = None
+    if form.is_valid():
+        deliveries = Delivery.objects.filter(tenant=tenant_row).select_related("endpoint")
+        if form.cleaned_data["endpoint"]:
+            deliveries = deliveries.filter(endpoint_id=form.cleaned_data["endpoint"])
+        if form.cleaned_data["status"]:
+            deliveries = deliveries.filter(status=form.cleaned_data["status"])
+        try:
+            page = after_descending(
+                deliveries,
+                ("created_at", "id"),
+                form.cleaned_data["after"] or None,
+                (datetime, int),
+                DELIVERY_PAGE,
+            )
+        except BadCursor as error:
+            form.add_error("after", str(error))
+    next_query = ""
+    if page and page.next_cursor:
+        query = request.GET.copy()
+        query["after"] = page.next_cursor
+        next_query = query.urlencode()
+    context = {
+        "tenant": tenant_row,
+        "form": form,
+        "endpoints": list(endpoints.values()),
+        "selected": endpoints.get(form.cleaned_data.get("endpoint") or 0)
+        if form.is_valid()
+        else None,
+        "page": page,
+        "next_query": next_query,
+        "problems": [m for errors in form.errors.values() for m in errors],
+        "statuses": DeliveryStatus.choices,
+    }
+    return render(request, "notifications/deliveries.html", context, status=200 if page else 400)
+
+
+@login_required
+@require_POST
+def delivery_retry(request: HttpRequest, tenant: str, delivery: int) -> HttpResponse:
+    row = _get_delivery_for_admin(request, tenant, delivery)
+    try:
+        services.retry(row, user=request.user)
+    except services.NotRetryable as error:
+        messages.error(request, f"Delivery {row.pk} was not retried: {error}.")
+    else:
+        messages.success(request, f"Delivery {row.pk} will be sent again.")
+    return redirect(reverse("notifications:deliveries", kwargs={"tenant": tenant}))

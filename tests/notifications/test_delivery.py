@@ -1,0 +1,310 @@
+"""Deliveries: signed POSTs to a real receiver on loopback, retries with backoff, final failure."""
+
+from __future__ import annotations
+
+import json
+import threading
+from datetime import timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from django.db import transaction
+from django.utils import timezone
+from django_tasks_db.models import DBTaskResult
+
+from approvals import audit
+from approvals.models import AuditEvent, Role, Ticket
+from notifications import services, signing
+from notifications.models import Delivery, DeliveryStatus, Event, WebhookEndpoint
+from notifications.tasks import deliver_webhook_task
+from tests.factories import member, paused_run
+from tests.notifications.conftest import make_endpoint
+
+pytestmark = pytest.mark.django_db
+
+DELIVER_TASK = "notifications.tasks.deliver_webhook_task"
+
+
+def one_delivery(tenant, endpoint, action="ticket.escalated") -> Delivery:
+    with transaction.atomic():
+        event = audit.append(
+            tenant_id=tenant.pk,
+            action=action,
+            actor_name="policy",
+            tool_name="deploy_release",
+            arguments_digest="ab" * 32,
+            outcome="pending",
+        )
+    services.fan_out(audit_event=event)
+    return Delivery.objects.get(endpoint=endpoint, audit_event_id=event.pk)
+
+
+def test_delivery_is_signed_and_verified_by_a_receiver_on_loopback(tenant, admin, receiver):
+    endpoint, secret = make_endpoint(tenant, admin, url=receiver.url)
+    receiver.secrets.append(secret)
+    run = paused_run(tenant, requested_by=member(tenant, Role.VIEWER, username="req"))
+    ticket = Ticket.objects.get(run=run)
+    created = AuditEvent.objects.get(action="ticket.created", ticket=ticket)
+    services.fan_out(audit_event=created)
+    delivery = Delivery.objects.get(endpoint=endpoint)
+
+    result = deliver_webhook_task.call(delivery.pk)
+
+    delivery.refresh_from_db()
+    assert result == "delivered"
+    assert (delivery.status, delivery.attempts, delivery.last_status_code) == ("delivered", 1, 204)
+    assert delivery.last_error == ""
+    assert delivery.last_duration_ms is not None
+    assert [r.verified for r in receiver.received] == [True]
+    payload = json.loads(receiver.received[0].body)
+    assert payload == {
+        "id": f"acme:{created.seq}",
+        "event": "ticket.created",
+        "action": "ticket.created",
+        "tenant": "acme",
+        "ticket": ticket.pk,
+        "run": run.pk,
+        "run_title": run.title,
+        "tool": "deploy_release",
+        "arguments_digest": ticket.arguments_digest,
+        "status": "pending",
+        "actor": "req",
+        "time": created.created_at.isoformat(),
+        "url": f"http://127.0.0.1:8000/tickets/{ticket.pk}/",
+    }
+    # Argument values never leave the console: only their digest does.
+    assert "2026.07.24" not in json.dumps({k: v for k, v in payload.items() if k != "run_title"})
+    assert "production" not in receiver.received[0].body.decode().replace(run.title, "")
+    assert AuditEvent.objects.filter(action="webhook.delivered").count() == 1
+
+
+def test_delivery_with_the_wrong_secret_is_refused_by_the_receiver(tenant, admin, receiver):
+    endpoint, _ = make_endpoint(tenant, admin, url=receiver.url)
+    receiver.secrets.append("whsec_not-the-right-one")
+    delivery = one_delivery(tenant, endpoint)
+
+    services.attempt(delivery.pk)
+
+    delivery.refresh_from_db()
+    assert [r.verified for r in receiver.received] == [False]
+    assert (delivery.status, delivery.last_status_code, delivery.last_error) == (
+        "pending",
+        401,
+        "HTTP 401",
+    )
+
+
+def test_signing_verify_refuses_an_old_timestamp_and_a_changed_body():
+    body = b'{"event":"ticket.created"}'
+    headers = signing.headers("s3cret", body, timestamp=1_000_000)
+    ts, sig = headers[signing.TIMESTAMP_HEADER], headers[signing.SIGNATURE_HEADER]
+
+    signing.verify("s3cret", body, ts, sig, now=1_000_100)
+    with pytest.raises(signing.BadSignature, match="tolerance"):
+        signing.verify("s3cret", body, ts, sig, now=1_000_000 + 301)
+    with pytest.raises(signing.BadSignature, match="does not match"):
+        signing.verify("s3cret", body + b" ", ts, sig, now=1_000_100)
+    with pytest.raises(signing.BadSignature, match="malformed"):
+        signing.verify("s3cret", body, None, sig, now=1_000_100)
+    assert sig == "v1=" + signing.signature("s3cret", 1_000_000, body)
+
+
+def test_delivery_failing_receiver_is_retried_with_backoff_then_failed_and_audited(
+    tenant, admin, failing_receiver
+):
+    endpoint, secret = make_endpoint(tenant, admin, url=failing_receiver.url)
+    failing_receiver.secrets.append(secret)
+    delivery = one_delivery(tenant, endpoint)
+    now = timezone.now()
+    waits = []
+
+    for attempt in range(1, services.MAX_ATTEMPTS + 1):
+        # Too early: nothing is sent before the next attempt's time.
+        if attempt > 1:
+            assert services.attempt(delivery.pk, now=now - timedelta(seconds=2)) is None
+        delivery = services.attempt(delivery.pk, now=now)
+        assert delivery.attempts == attempt
+        if delivery.next_attempt_at:
+            waits.append(delivery.next_attempt_at - now)
+            now = delivery.next_attempt_at
+
+    assert waits == [
+        timedelta(seconds=10),
+        timedelta(minutes=1),
+        timedelta(minutes=5),
+        timedelta(minutes=30),
+    ]
+    assert (delivery.status, delivery.last_status_code, delivery.last_error) == (
+        DeliveryStatus.FAILED,
+        500,
+        "HTTP 500",
+    )
+    assert len(failing_receiver.verified) == services.MAX_ATTEMPTS
+    # One task per attempt: the first from the fan-out, four scheduled after their backoff.
+    run_afters = sorted(
+        DBTaskResult.objects.filter(task_path=DELIVER_TASK).values_list("run_after", flat=True)
+    )
+    assert len(run_afters) == services.MAX_ATTEMPTS
+    failed = AuditEvent.objects.get(action="webhook.failed")
+    assert failed.outcome == "failed"
+    assert failed.detail == {
+        "delivery": delivery.pk,
+        "endpoint": endpoint.pk,
+        "event": "ticket.escalated",
+        "audit_event": delivery.audit_event_id,
+        "attempts": 5,
+        "status_code": 500,
+        "error": "HTTP 500",
+    }
+    # Only the final failure is audited, and a finished delivery is never sent again.
+    assert AuditEvent.objects.filter(action__startswith="webhook.").count() == 2  # + created
+    assert services.attempt(delivery.pk, now=now + timedelta(days=1)) is None
+
+
+def test_delivery_a_redirect_is_not_followed(tenant, admin):
+    hits = []
+
+    class Redirect(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802
+            hits.append(self.path)
+            self.send_response(302)
+            self.send_header("Location", "/elsewhere")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Redirect)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/hook"
+        endpoint, _ = make_endpoint(tenant, admin, url=url)
+        delivery = services.attempt(one_delivery(tenant, endpoint).pk)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+    assert hits == ["/hook"]
+    assert (delivery.status, delivery.last_status_code) == ("pending", 302)
+    assert delivery.last_error == "HTTP 302: redirects are not followed"
+
+
+def test_delivery_connection_refused_is_a_short_error(tenant, admin):
+    endpoint, _ = make_endpoint(tenant, admin, url="http://127.0.0.1:9/hook")
+
+    delivery = services.attempt(one_delivery(tenant, endpoint).pk)
+
+    assert delivery.status == "pending"
+    assert delivery.last_status_code is None
+    assert delivery.last_error.startswith("cannot connect:")
+    assert len(delivery.last_error) <= 200
+
+
+def test_delivery_to_a_non_http_url_is_refused_without_a_request(tenant, admin):
+    endpoint, _ = make_endpoint(tenant, admin)
+    WebhookEndpoint.objects.filter(pk=endpoint.pk).update(url="file:///etc/passwd")
+
+    delivery = services.attempt(one_delivery(tenant, endpoint).pk)
+
+    assert delivery.last_error == "Enter an http:// or https:// URL with a host name."
+
+
+def test_delivery_of_a_deleted_endpoint_does_nothing(tenant, admin):
+    endpoint, _ = make_endpoint(tenant, admin)
+    delivery = one_delivery(tenant, endpoint)
+    services.delete_endpoint(endpoint, user=admin)
+
+    assert deliver_webhook_task.call(delivery.pk) == "skipped"
+
+
+def test_endpoint_secret_is_stored_sealed_and_bound_to_its_endpoint(tenant, admin):
+    endpoint, secret = make_endpoint(tenant, admin)
+    other, _ = make_endpoint(tenant, admin)
+
+    stored = WebhookEndpoint.objects.get(pk=endpoint.pk)
+    assert secret.startswith("whsec_") and len(secret) > 40
+    assert secret.encode() not in bytes(stored.secret_ciphertext)
+    assert services.endpoint_secret(stored) == secret
+    # The sealed blob moved to another endpoint does not open.
+    WebhookEndpoint.objects.filter(pk=other.pk).update(
+        secret_nonce=stored.secret_nonce, secret_ciphertext=stored.secret_ciphertext
+    )
+    from approvals.crypto import CryptoError
+
+    with pytest.raises(CryptoError):
+        services.endpoint_secret(WebhookEndpoint.objects.get(pk=other.pk))
+
+
+def test_rotate_webhook_secrets_reseals_under_the_new_primary_key(tenant, admin, settings):
+    endpoint, secret = make_endpoint(tenant, admin)
+    old = list(settings.APPROVALS_ENCRYPTION_KEYS)
+    settings.APPROVALS_ENCRYPTION_KEYS = [("new1", b"k" * 32), *old]
+
+    assert services.rotate_webhook_secrets() == {"rotated": 1, "failed": 0}
+
+    stored = WebhookEndpoint.objects.get(pk=endpoint.pk)
+    assert stored.secret_key_id == "new1"
+    assert services.endpoint_secret(stored) == secret
+
+
+def test_fan_out_only_for_selected_events(tenant, admin):
+    endpoint, _ = make_endpoint(tenant, admin, events=[Event.RUN_COMPLETED])
+    with transaction.atomic():
+        event = audit.append(tenant_id=tenant.pk, action="ticket.escalated", actor_name="x")
+
+    assert services.fan_out(audit_event=event) == []
+    assert Delivery.objects.filter(endpoint=endpoint).count() == 0
+
+
+def test_the_verification_snippet_in_the_docs_accepts_a_delivery_and_refuses_a_replay():
+    """docs/NOTIFICATIONS.md shows receivers how to verify; the snippet must really work."""
+    import re
+    import time
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "NOTIFICATIONS.md").read_text()
+    snippet = re.search(r"```python\n(.*?)```", doc, re.S).group(1)
+    namespace: dict = {}
+    exec(snippet, namespace)  # noqa: S102 - our own documentation
+    verify = namespace["verify"]
+    body = b'{"event":"run.completed"}'
+    fresh = signing.headers("whsec_x", body)
+    old = signing.headers("whsec_x", body, timestamp=int(time.time()) - 301)
+
+    assert verify("whsec_x", body, fresh[signing.TIMESTAMP_HEADER], fresh[signing.SIGNATURE_HEADER])
+    assert not verify("whsec_x", body, old[signing.TIMESTAMP_HEADER], old[signing.SIGNATURE_HEADER])
+    assert not verify(
+        "whsec_y", body, fresh[signing.TIMESTAMP_HEADER], fresh[signing.SIGNATURE_HEADER]
+    )
+
+
+def test_requeue_stale_gives_a_lost_delivery_its_task_once(tenant, admin):
+    endpoint, _ = make_endpoint(tenant, admin)
+    delivery = one_delivery(tenant, endpoint)
+    DBTaskResult.objects.all().delete()  # the worker died with the task
+    now = timezone.now()
+    Delivery.objects.filter(pk=delivery.pk).update(next_attempt_at=now - timedelta(minutes=3))
+    fresh = one_delivery(tenant, endpoint, action="run.completed")
+
+    assert services.requeue_stale(now=now) == 1
+    assert services.requeue_stale(now=now + timedelta(seconds=10)) == 0
+
+    # The fresh delivery's own task, and one again for the lost one.
+    tasks = DBTaskResult.objects.filter(task_path=DELIVER_TASK)
+    assert sorted(t.args_kwargs["args"][0] for t in tasks) == [delivery.pk, fresh.pk]
+
+
+def test_delivery_whose_endpoint_is_deleted_mid_attempt_records_nothing(tenant, admin, monkeypatch):
+    endpoint, _ = make_endpoint(tenant, admin)
+    delivery = one_delivery(tenant, endpoint)
+
+    def post_while_deleted(url, body, headers):
+        services.delete_endpoint(WebhookEndpoint.objects.get(pk=endpoint.pk), user=admin)
+        return services.Outcome(False, 500, "HTTP 500", 3)
+
+    monkeypatch.setattr(services, "post", post_while_deleted)
+    services.attempt(delivery.pk)
+
+    assert Delivery.objects.count() == 0
+    assert DBTaskResult.objects.filter(task_path=DELIVER_TASK).count() == 1  # the fan-out's

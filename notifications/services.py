@@ -30,7 +30,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from approvals import audit, crypto
-from approvals.models import DECIDING_ROLES, AuditEvent, Membership, Run, Tenant
+from approvals.models import DECIDING_ROLES, ApproverGroup, AuditEvent, Membership, Run, Tenant
 from approvals.redaction import redact
 from notifications import signing
 from notifications.events import event_for
@@ -237,6 +237,8 @@ class Facts:
     requester_id: int | None
     time: datetime
     link: str
+    # The approver group an escalation went to ("" for other events).
+    group: str = ""
 
     def payload(self, audit_event: AuditEvent) -> dict:
         return {
@@ -280,6 +282,9 @@ def facts_for(audit_event: AuditEvent, event: str) -> Facts:
         requester_id=run.requested_by_id if run else None,
         time=audit_event.created_at,
         link=link_for(ticket_id=audit_event.ticket_id, run_id=audit_event.run_id),
+        group=str((audit_event.detail or {}).get("group", ""))
+        if event == Event.TICKET_ESCALATED
+        else "",
     )
 
 
@@ -306,10 +311,16 @@ def recipients_for(facts: Facts, tenant_id: int) -> list[str]:
     """Who gets an email: the one rule, to extend here.
 
     New ticket: the tenant's deciding members (not the requester, who may not approve).
-    Escalation: the deciding members (helper P's escalation group, once it exists, goes here).
-    Anything else: the person who started the run. Never the person who caused the event.
+    Escalation: the deciding members of the group it went to (all deciding members when the
+    group is gone). Anything else: the person who started the run. Never the person who caused
+    the event.
     """
-    if facts.event in (Event.TICKET_CREATED, Event.TICKET_ESCALATED):
+    if facts.event == Event.TICKET_ESCALATED and facts.group:
+        ids = _deciding_member_ids(tenant_id) - {facts.requester_id}
+        group = ApproverGroup.objects.filter(tenant_id=tenant_id, name=facts.group).first()
+        if group is not None:
+            ids &= set(group.members.values_list("pk", flat=True))
+    elif facts.event in (Event.TICKET_CREATED, Event.TICKET_ESCALATED):
         ids = _deciding_member_ids(tenant_id) - {facts.requester_id}
     else:
         ids = {facts.requester_id}

@@ -5,13 +5,14 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from django.contrib.auth.models import User
 from django.core import mail
 from django.db import transaction
 from django.utils import timezone
 from django_tasks_db.models import DBTaskResult
 
 from approvals import audit, services
-from approvals.models import Role, Ticket
+from approvals.models import ApproverGroup, Role, Ticket
 from notifications.tasks import send_email_task
 from tests.factories import member, paused_run
 
@@ -135,6 +136,30 @@ def test_email_escalation_goes_to_deciding_members(
         "bob@example.com",
     ]
     assert mail.outbox[0].subject == "[Acme Corp] Escalated: deploy_release needs a decision"
+
+
+def test_email_escalation_to_a_group_goes_to_its_deciding_members_only(
+    tenant, people, django_capture_on_commit_callbacks
+):
+    run = paused_run(tenant, requested_by=people["requester"])
+    ticket = Ticket.objects.get(run=run)
+    group = ApproverGroup.objects.create(tenant=tenant, name="security reviewers")
+    group.members.add(User.objects.get(email="bob@example.com"))
+
+    with django_capture_on_commit_callbacks(execute=True), transaction.atomic():
+        audit.append(
+            tenant_id=tenant.pk,
+            action="ticket.escalated",
+            actor_name="reaper",
+            run_id=run.pk,
+            ticket_id=ticket.pk,
+            tool_name=ticket.tool_name,
+            outcome="pending",
+            detail={"group": "security reviewers"},
+        )
+    run_email_tasks()
+
+    assert [m.to for m in mail.outbox] == [["bob@example.com"]]
 
 
 def test_email_never_carries_argument_values(tenant, people, django_capture_on_commit_callbacks):

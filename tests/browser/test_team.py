@@ -46,11 +46,15 @@ def test_a_claim_and_a_comment_reach_another_approvers_ticket_page_live(
             expect(page.locator("#claimant")).to_have_text("Nobody has said they are on it.")
             _wait_live(page)
         _mark_loaded(bob_page)
+        # Bob is half-way through a rejection: the hints about alice must not wipe it.
+        bob_page.fill("#id_message", "Not during the freeze.")
 
         alice_page.keyboard.press("c")
         expect(alice_page.locator("#claimant")).to_contain_text("You are on it")
         expect(bob_page.locator("#claimant")).to_contain_text("rm-alice is on it")
         expect(bob_page.locator("#claim-form button")).to_have_text("Take over")
+        expect(bob_page.locator("#id_message")).to_have_value("Not during the freeze.")
+        expect(bob_page.locator("#decision-stale")).to_be_visible()
 
         alice_page.fill("#id_comment", "Checking the staging canary first.")
         alice_page.click("#comment-form button[type=submit]")

@@ -4,12 +4,15 @@ automatic decisions, through the services."""
 from __future__ import annotations
 
 from datetime import timedelta
+from io import StringIO
 
 import pytest
+from django.core.management import call_command
 from django.utils import timezone
 from django_tasks_db.models import DBTaskResult
 
 from approvals import demo, policies, services
+from approvals.live import hint_for
 from approvals.models import (
     ApprovalPolicy,
     ApproverGroup,
@@ -466,11 +469,10 @@ def test_rule_text_round_trips_and_bad_regex_is_refused():
 
 
 def test_policy_audit_events_become_live_hints_of_the_right_kind():
-    from approvals.live import hint_for
-    from approvals.models import AuditEvent as Event
-
     kinds = {
-        action: hint_for(Event(action=action, run_id=1, ticket_id=2, outcome="pending"))["kind"]
+        action: hint_for(AuditEvent(action=action, run_id=1, ticket_id=2, outcome="pending"))[
+            "kind"
+        ]
         for action in ("ticket.vote", "ticket.escalated", "ticket.auto_approved")
     }
 
@@ -479,3 +481,17 @@ def test_policy_audit_events_become_live_hints_of_the_right_kind():
         "ticket.escalated": "ticket.changed",
         "ticket.auto_approved": "ticket.decided",
     }
+
+
+def test_decide_command_reports_a_vote_towards_the_quorum(world):
+    tenant, p = world
+    set_policy(tenant, p["admin"], required_approvals=2)
+    ticket = new_ticket(tenant, p["requester"])
+    out = StringIO()
+
+    call_command("decide", str(ticket.pk), "--approve", "--user", "alice", stdout=out)
+
+    assert out.getvalue().strip() == (
+        f"ticket {ticket.pk} approval by alice recorded (1 of 2 approvals: alice); "
+        f"run {ticket.run_id} is paused"
+    )

@@ -29,11 +29,21 @@ def test_worker_rejects_an_expired_ticket_on_time_and_the_run_completes(manage_p
     tenant = TenantFactory(slug="acme")
     admin = member(tenant, Role.ADMIN, username="boss")
     services.save_policy(tenant=tenant, user=admin, tool_name="deploy_release", on_expiry="reject")
-    run = paused_run(tenant, requested_by=member(tenant, Role.VIEWER, username="req"))
+    requester = member(tenant, Role.VIEWER, username="req")
+    warm_up = Ticket.objects.get(run=paused_run(tenant, requested_by=requester))
+    run = paused_run(tenant, requested_by=requester)
     ticket = Ticket.objects.get(run=run)
-    Ticket.objects.filter(pk=ticket.pk).update(expires_at=timezone.now() + timedelta(seconds=2))
+    Ticket.objects.filter(pk=warm_up.pk).update(expires_at=timezone.now())
 
     manage_process("worker", env=subprocess_env(APPROVALS_REAPER_INTERVAL_SECONDS="1"))
+    # The worker is up and its reaper running once the warm-up ticket is rejected; only then
+    # does the measured ticket's expiry start, so a slow process start cannot count as late.
+    _wait_until(
+        lambda: Ticket.objects.filter(pk=warm_up.pk, status=TicketStatus.REJECTED).exists(),
+        timeout=40,
+        what="the worker's reaper to start",
+    )
+    Ticket.objects.filter(pk=ticket.pk).update(expires_at=timezone.now() + timedelta(seconds=2))
     _wait_until(
         lambda: Run.objects.filter(pk=run.pk, status=RunStatus.COMPLETED).exists(),
         timeout=40,
@@ -49,6 +59,7 @@ def test_worker_rejects_an_expired_ticket_on_time_and_the_run_completes(manage_p
     assert rejected.actor_name == "reaper"
     assert rejected.detail["by"] == "expiry"
     assert demo.read_effects() == []
+    assert Run.objects.get(pk=warm_up.run_id).status == RunStatus.COMPLETED
 
 
 def test_worker_escalates_an_expired_ticket(manage_process):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
-from approvals import services
+from approvals import policies, services
 from approvals.models import Ticket
 
 
@@ -42,6 +42,15 @@ class Command(BaseCommand):
         except services.DecisionError as error:
             raise CommandError(str(error)) from None
         run = ticket.run
+        if ticket.is_pending:
+            # An approval that counts towards a quorum the ticket has not reached yet.
+            votes = list(ticket.votes.select_related("user"))
+            progress = policies.progress(ticket, policies.policy_of(ticket), votes)
+            self.stdout.write(
+                f"ticket {ticket.pk} approval by {user} recorded ({progress.describe()}); "
+                f"run {run.pk} is {run.status}"
+            )
+            return
         self.stdout.write(
             f"ticket {ticket.pk} {ticket.status} by {user}; run {run.pk} is {run.status}"
         )

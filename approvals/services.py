@@ -27,13 +27,14 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from approvals import audit, crypto, faults, ledger, live, registry
+from approvals import audit, crypto, faults, ledger, live, preauth, registry
 from approvals.agent_sessions import SessionRef, describe, reopen
-from approvals.canonical import arguments_digest, canonical_arguments
+from approvals.canonical import arguments_digest, canonical_arguments, canonical_json
 from approvals.models import (
     IdempotencyRecord,
     LedgerStatus,
     Membership,
+    PreAuthorization,
     Role,
     Run,
     RunStatus,
@@ -220,6 +221,10 @@ def _create_tickets(run: Run, interruptions, *, requested_by, now) -> list[Ticke
             detail={"expires_at": ticket.expires_at.isoformat(), "call_id": ticket.tool_call_id},
         )
         live.notify_on_commit(run.tenant_id, "ticket.created", ticket=ticket.pk, run=run.pk)
+    # Automatic decisions at creation: a call an approver edited and pre-authorised.
+    preauthorised = [p for p in (preauth.match(run, t, now=now) for t in tickets) if p]
+    if preauthorised:
+        _queue_when_decided(run, actor=preauthorised[-1].created_by, now=now)
     return tickets
 
 
@@ -329,6 +334,75 @@ def membership_for(user, tenant_id: int) -> Membership | None:
     return Membership.objects.filter(user=user, tenant_id=tenant_id).first()
 
 
+def _checked_message(message: str) -> str:
+    message = (message or "").strip()
+    if len(message) > MAX_MESSAGE_CHARS:
+        raise InvalidDecisionError(
+            f"the message is {len(message)} characters; at most {MAX_MESSAGE_CHARS}"
+        )
+    return message
+
+
+def _check_decider(ticket: Ticket, user, *, approve: bool) -> Membership:
+    """The user may decide this ticket so; raises a DecisionError otherwise."""
+    membership = membership_for(user, ticket.tenant_id)
+    if membership is None:
+        raise TicketNotFoundError("no such ticket")
+    if not membership.can_decide:
+        raise NotAllowedError(f"the {membership.role} role cannot decide tickets")
+    if approve and ticket.is_requested_by(user):
+        raise SelfApprovalError("you requested this call, so someone else must approve it")
+    return membership
+
+
+def _compare_and_set(
+    ticket: Ticket, *, status: str, user, now, message: str = "", always: bool = False
+) -> None:
+    """Decide a pending, unexpired ticket, or raise why it cannot be decided any more."""
+    won = Ticket.objects.filter(
+        pk=ticket.pk, status=TicketStatus.PENDING, expires_at__gt=now
+    ).update(
+        status=status,
+        decided_by=user,
+        decided_at=now,
+        decision_message=message,
+        always=always,
+    )
+    if won:
+        return
+    current = Ticket.objects.select_related("decided_by").get(pk=ticket.pk)
+    if current.status in (TicketStatus.PENDING, TicketStatus.EXPIRED):
+        raise TicketExpiredError(
+            f"this ticket expired at {current.expires_at:%Y-%m-%d %H:%M:%S} UTC; "
+            "the agent must ask again"
+        )
+    if current.status == TicketStatus.SUPERSEDED:
+        raise TicketExpiredError("this ticket was withdrawn because its run ended")
+    raise AlreadyDecidedError(current)
+
+
+def _queue_when_decided(run: Run, *, actor, now) -> bool:
+    """In the caller's transaction, with the run locked: when no ticket of the run's current
+    state is pending, the paused run becomes queued and its resume is enqueued."""
+    still_pending = Ticket.objects.filter(
+        run=run, generation=run.state_generation, status=TicketStatus.PENDING
+    ).exists()
+    if still_pending or run.status != RunStatus.PAUSED:
+        return False
+    Run.objects.filter(pk=run.pk).update(status=RunStatus.QUEUED, updated_at=now)
+    run.status = RunStatus.QUEUED
+    enqueue_resume(run.pk)
+    audit.append(
+        tenant_id=run.tenant_id,
+        action="run.queued",
+        actor=actor,
+        run_id=run.pk,
+        outcome=RunStatus.QUEUED,
+    )
+    live.notify_on_commit(run.tenant_id, "run.changed", run=run.pk, status=RunStatus.QUEUED)
+    return True
+
+
 def decide(
     ticket: Ticket, *, user, approve: bool, message: str = "", always: bool = False
 ) -> Ticket:
@@ -341,44 +415,16 @@ def decide(
     NotAllowedError, SelfApprovalError, TicketExpiredError, AlreadyDecidedError or
     InvalidDecisionError, having written nothing.
     """
-    message = (message or "").strip()
-    if len(message) > MAX_MESSAGE_CHARS:
-        raise InvalidDecisionError(
-            f"the message is {len(message)} characters; at most {MAX_MESSAGE_CHARS}"
-        )
+    message = _checked_message(message)
     if always and not approve:
         raise InvalidDecisionError("'always' goes with an approval, not a rejection")
-    membership = membership_for(user, ticket.tenant_id)
-    if membership is None:
-        raise TicketNotFoundError("no such ticket")
-    if not membership.can_decide:
-        raise NotAllowedError(f"the {membership.role} role cannot decide tickets")
-    if approve and ticket.is_requested_by(user):
-        raise SelfApprovalError("you requested this call, so someone else must approve it")
+    _check_decider(ticket, user, approve=approve)
     with transaction.atomic():
         # The run's lock orders decisions on one run, so exactly one of them sees "all decided".
         run = Run.objects.select_for_update().get(pk=ticket.run_id)
         now = timezone.now()
         status = TicketStatus.APPROVED if approve else TicketStatus.REJECTED
-        won = Ticket.objects.filter(
-            pk=ticket.pk, status=TicketStatus.PENDING, expires_at__gt=now
-        ).update(
-            status=status,
-            decided_by=user,
-            decided_at=now,
-            decision_message=message,
-            always=always,
-        )
-        if not won:
-            current = Ticket.objects.select_related("decided_by").get(pk=ticket.pk)
-            if current.status in (TicketStatus.PENDING, TicketStatus.EXPIRED):
-                raise TicketExpiredError(
-                    f"this ticket expired at {current.expires_at:%Y-%m-%d %H:%M:%S} UTC; "
-                    "the agent must ask again"
-                )
-            if current.status == TicketStatus.SUPERSEDED:
-                raise TicketExpiredError("this ticket was withdrawn because its run ended")
-            raise AlreadyDecidedError(current)
+        _compare_and_set(ticket, status=status, user=user, now=now, message=message, always=always)
         audit.append(
             tenant_id=ticket.tenant_id,
             action=f"ticket.{status}",
@@ -393,22 +439,102 @@ def decide(
         live.notify_on_commit(
             ticket.tenant_id, "ticket.decided", ticket=ticket.pk, run=run.pk, status=status
         )
-        still_pending = Ticket.objects.filter(
-            run=run, generation=run.state_generation, status=TicketStatus.PENDING
-        ).exists()
-        if not still_pending and run.status == RunStatus.PAUSED:
-            Run.objects.filter(pk=run.pk).update(status=RunStatus.QUEUED, updated_at=now)
-            enqueue_resume(run.pk)
-            audit.append(
-                tenant_id=run.tenant_id,
-                action="run.queued",
-                actor=user,
-                run_id=run.pk,
-                outcome=RunStatus.QUEUED,
-            )
-            live.notify_on_commit(run.tenant_id, "run.changed", run=run.pk, status=RunStatus.QUEUED)
+        _queue_when_decided(run, actor=user, now=now)
     ticket.refresh_from_db()
     return ticket
+
+
+class InvalidArgumentsError(InvalidDecisionError):
+    """Edited arguments that do not fit the tool's JSON schema."""
+
+    def __init__(self, problems: list[preauth.Problem]) -> None:
+        super().__init__(
+            "the edited arguments do not fit the tool's schema: "
+            + "; ".join(f"{p.argument}: {p.message}" if p.argument else p.message for p in problems)
+        )
+        self.problems = problems
+
+
+def edit_and_approve(
+    ticket: Ticket, *, user, arguments: dict, message: str = ""
+) -> PreAuthorization:
+    """Reject a pending call with corrected arguments and pre-authorise exactly those.
+
+    The SDK cannot approve a call with other arguments, so the model is asked to call again:
+    the rejection message carries the corrected arguments as canonical JSON (and the approver's
+    note), and when the resumed model calls the same tool with exactly that digest, the new
+    ticket is approved in this user's name (preauth.match, from _create_tickets).
+    Side effects, in one transaction: the ticket rejected by the same compare-and-set as a
+    rejection; a PreAuthorization (canonical arguments, digest, expiry one ticket lifetime
+    away); audit event ticket.edited with the changes; when it was the run's last pending
+    ticket, the run queued and the resume enqueued; after commit, live hints. Raises
+    TicketNotFoundError, NotAllowedError, SelfApprovalError (editing approves, so the requester
+    may not), TicketExpiredError, AlreadyDecidedError, InvalidArgumentsError or
+    InvalidDecisionError, having written nothing.
+    """
+    note = _checked_message(message)
+    _check_decider(ticket, user, approve=True)
+    if not isinstance(arguments, dict):
+        raise InvalidDecisionError("the edited arguments must be a JSON object")
+    tool = preauth.tool_for(ticket.run, ticket.tool_name)
+    if tool is None:
+        raise InvalidDecisionError(
+            f"the tool {ticket.tool_name!r} is not in agent {ticket.run.agent_key!r} "
+            f"version {ticket.run.agent_version!r} as deployed here, so its arguments cannot "
+            "be checked; approve or reject the call as it is"
+        )
+    problems = preauth.schema_problems(tool.params_json_schema, arguments)
+    if problems:
+        raise InvalidArgumentsError(problems)
+    edited_json = canonical_json(arguments)
+    digest = arguments_digest(edited_json)
+    if digest == ticket.arguments_digest:
+        raise InvalidDecisionError(
+            "the edited arguments are the same as the call's; approve the call instead"
+        )
+    rejection = preauth.correction_message(tool.name, edited_json, note)
+    with transaction.atomic():
+        run = Run.objects.select_for_update().get(pk=ticket.run_id)
+        now = timezone.now()
+        _compare_and_set(
+            ticket, status=TicketStatus.REJECTED, user=user, now=now, message=rejection
+        )
+        pre = PreAuthorization.objects.create(
+            tenant_id=ticket.tenant_id,
+            run=run,
+            tool_name=ticket.tool_name,
+            arguments_json=edited_json,
+            arguments_digest=digest,
+            original_ticket=ticket,
+            created_by=user,
+            created_at=now,
+            expires_at=now + settings.APPROVALS_TICKET_TTL,
+        )
+        audit.append(
+            tenant_id=ticket.tenant_id,
+            action="ticket.edited",
+            actor=user,
+            run_id=run.pk,
+            ticket_id=ticket.pk,
+            tool_name=ticket.tool_name,
+            arguments_digest=ticket.arguments_digest,
+            outcome=TicketStatus.REJECTED,
+            detail={
+                "edited_digest": digest,
+                "changes": preauth.changes(json.loads(ticket.arguments_json), arguments),
+                **({"message": note} if note else {}),
+            },
+        )
+        live.notify_on_commit(
+            ticket.tenant_id,
+            "ticket.decided",
+            ticket=ticket.pk,
+            run=run.pk,
+            status=TicketStatus.REJECTED,
+        )
+        _queue_when_decided(run, actor=user, now=now)
+    ticket.refresh_from_db()
+    return pre
 
 
 # --- resuming ---------------------------------------------------------------------------------

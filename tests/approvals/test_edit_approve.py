@@ -1,0 +1,356 @@
+"""Edit and approve: the original call rejected with corrected arguments, exactly those
+pre-authorised once, the model's new call approved in the editor's name, any other call a
+normal ticket; the diff shown wherever the decision appears."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from agents import Agent
+from agents.testing import ModelStep, ScriptedModel, assistant_message, function_call
+
+from approvals import demo, preauth, services
+from approvals.canonical import arguments_digest
+from approvals.models import (
+    AuditEvent,
+    IdempotencyRecord,
+    PreAuthorization,
+    Role,
+    Run,
+    RunStatus,
+    Ticket,
+    TicketStatus,
+)
+from tests.factories import TenantFactory, member, paused_run
+
+pytestmark = pytest.mark.django_db
+# The worker resumes in a thread of its own, which needs committed rows.
+RESUMES = pytest.mark.django_db(transaction=True)
+
+ORIGINAL = {"environment": "production", "release": "2026.07.24"}
+EDITED = {"environment": "production", "release": "2026.07.25"}
+EDITED_JSON = '{"environment":"production","release":"2026.07.25"}'
+
+
+@pytest.fixture(autouse=True)
+def model_calls(monkeypatch) -> dict[str, int]:
+    monkeypatch.setitem(demo.MODEL_CALLS, "release", 0)
+    return demo.MODEL_CALLS
+
+
+@pytest.fixture
+def setup():
+    tenant = TenantFactory()
+    requester = member(tenant, Role.VIEWER, username="requester")
+    approver = member(tenant, Role.APPROVER, username="approver")
+    run = paused_run(tenant, requested_by=requester)
+    return tenant, Ticket.objects.get(run=run), approver
+
+
+def actions(run: Run) -> list[str]:
+    return list(
+        AuditEvent.objects.filter(run_id=run.pk).order_by("seq").values_list("action", flat=True)
+    )
+
+
+# --- the service ------------------------------------------------------------------------------
+
+
+def test_edit_and_approve_rejects_the_original_with_the_corrected_arguments(setup):
+    _, ticket, approver = setup
+
+    pre = services.edit_and_approve(ticket, user=approver, arguments=EDITED, message="Use .25")
+
+    ticket.refresh_from_db()
+    assert ticket.status == TicketStatus.REJECTED
+    assert ticket.decided_by == approver
+    assert ticket.decision_message == (
+        "The approver changed the arguments. Call deploy_release again with exactly these "
+        f"arguments: {EDITED_JSON}\nNote from the approver: Use .25"
+    )
+    assert (pre.run_id, pre.tool_name, pre.original_ticket_id) == (
+        ticket.run_id,
+        "deploy_release",
+        ticket.pk,
+    )
+    assert pre.arguments_json == EDITED_JSON
+    assert pre.arguments_digest == arguments_digest(EDITED_JSON)
+    assert (pre.created_by, pre.used_by, pre.expires_at > ticket.decided_at) == (
+        approver,
+        None,
+        True,
+    )
+    edited = AuditEvent.objects.get(action="ticket.edited")
+    assert (edited.ticket_id, edited.actor_name, edited.outcome) == (
+        ticket.pk,
+        "approver",
+        "rejected",
+    )
+    assert edited.arguments_digest == ticket.arguments_digest
+    assert edited.detail["edited_digest"] == pre.arguments_digest
+    assert edited.detail["changes"] == [
+        {"path": "release", "kind": "changed", "before": "2026.07.24", "after": "2026.07.25"}
+    ]
+    assert edited.detail["message"] == "Use .25"
+    run = Run.objects.get(pk=ticket.run_id)
+    assert run.status == RunStatus.QUEUED
+    assert actions(run)[-2:] == ["ticket.edited", "run.queued"]
+    assert not AuditEvent.objects.filter(action="ticket.rejected").exists()
+
+
+@RESUMES
+def test_edit_and_approve_end_to_end_runs_the_edited_release_once(setup, model_calls):
+    _, ticket, approver = setup
+    services.edit_and_approve(ticket, user=approver, arguments=EDITED)
+
+    first = services.resume(run_id=ticket.run_id, worker_id="w1")
+
+    # The model called again with exactly the edited arguments: approved at once, queued again.
+    assert first.status == RunStatus.PAUSED
+    run = Run.objects.get(pk=ticket.run_id)
+    assert run.status == RunStatus.QUEUED
+    new = Ticket.objects.get(run=run, generation=2)
+    assert (new.status, new.decided_by, new.arguments_json) == (
+        TicketStatus.APPROVED,
+        approver,
+        EDITED_JSON,
+    )
+    assert new.tool_call_id == f"{ticket.tool_call_id}_edited"
+    assert new.decision_message == f"Pre-authorised by approver: edited from ticket #{ticket.pk}."
+    pre = PreAuthorization.objects.get(original_ticket=ticket)
+    assert pre.used_by == new
+    event = AuditEvent.objects.get(action="ticket.preauthorised")
+    assert (event.ticket_id, event.actor_id, event.actor_name, event.outcome) == (
+        new.pk,
+        approver.pk,
+        "approver",
+        "approved",
+    )
+    assert event.detail["preauthorised_by"] == "approver"
+    assert event.detail["original_ticket"] == ticket.pk
+    assert event.detail["changes"][0]["after"] == "2026.07.25"
+    assert demo.read_effects() == []
+
+    final = services.resume(run_id=run.pk, worker_id="w2")
+
+    run.refresh_from_db()
+    assert final.status == RunStatus.COMPLETED
+    effects = demo.read_effects("deploy_release")
+    assert [(e["release"], e["environment"]) for e in effects] == [("2026.07.25", "production")]
+    record = IdempotencyRecord.objects.get(run=run)
+    assert (record.resource, record.ticket_id, record.status) == (
+        "2026.07.25@production",
+        new.pk,
+        "done",
+    )
+    assert run.final_output == "Release 2026.07.24: Release 2026.07.25 is live on production."
+    assert actions(run) == [
+        "run.paused",
+        "ticket.created",
+        "ticket.edited",
+        "run.queued",
+        "run.resuming",
+        "run.paused",
+        "ticket.created",
+        "ticket.preauthorised",
+        "run.queued",
+        "run.resuming",
+        "effect.done",
+        "run.completed",
+    ]
+    assert model_calls["release"] == 3
+
+
+def contrary_responder(call):
+    """After a correction it calls the tool with other arguments than those it was given."""
+    outputs = {
+        item["call_id"]: str(item.get("output"))
+        for item in call.input
+        if isinstance(call.input, list)
+        and isinstance(item, dict)
+        and item.get("type") == "function_call_output"
+    }
+    if "call_first" not in outputs:
+        return [function_call("deploy_release", ORIGINAL, call_id="call_first")]
+    if "call_second" not in outputs:
+        correction = preauth.parse_correction(outputs["call_first"])
+        arguments = {**correction.arguments, "environment": "staging"}
+        return [function_call("deploy_release", arguments, call_id="call_second")]
+    return [assistant_message(outputs["call_second"])]
+
+
+def build_contrary_agent() -> Agent:
+    return Agent(
+        name="release",
+        model=ScriptedModel([ModelStep.respond(contrary_responder) for _ in range(5)]),
+        tools=[demo.deploy_release],
+    )
+
+
+@RESUMES
+def test_edit_and_approve_other_arguments_make_a_normal_pending_ticket(settings):
+    settings.APPROVALS_AGENTS = {
+        **settings.APPROVALS_AGENTS,
+        "contrary": {"1": "tests.approvals.test_edit_approve.build_contrary_agent"},
+    }
+    tenant = TenantFactory()
+    approver = member(tenant, Role.APPROVER, username="approver")
+    run = paused_run(tenant, agent_key="contrary", requested_by=member(tenant, Role.VIEWER))
+    ticket = Ticket.objects.get(run=run)
+    services.edit_and_approve(ticket, user=approver, arguments=EDITED)
+
+    outcome = services.resume(run_id=run.pk, worker_id="w1")
+
+    run.refresh_from_db()
+    assert (outcome.status, run.status) == (RunStatus.PAUSED, RunStatus.PAUSED)
+    new = Ticket.objects.get(run=run, generation=2)
+    assert new.status == TicketStatus.PENDING
+    assert json.loads(new.arguments_json) == {**EDITED, "environment": "staging"}
+    assert PreAuthorization.objects.get(original_ticket=ticket).used_by is None
+    assert not AuditEvent.objects.filter(action="ticket.preauthorised").exists()
+    assert demo.read_effects() == []
+
+
+@RESUMES
+def test_a_preauthorisation_is_used_at_most_once(setup):
+    _, ticket, approver = setup
+    pre = services.edit_and_approve(ticket, user=approver, arguments=EDITED)
+    services.resume(run_id=ticket.run_id, worker_id="w1")
+    used = Ticket.objects.get(run_id=ticket.run_id, generation=2)
+    assert PreAuthorization.objects.get(pk=pre.pk).used_by == used
+
+    # The same call again (another ticket of the run, same tool and digest) is not approved.
+    again = Ticket.objects.create(
+        run_id=ticket.run_id,
+        tenant_id=ticket.tenant_id,
+        generation=3,
+        tool_name="deploy_release",
+        tool_call_id="call_again",
+        arguments_json=EDITED_JSON,
+        arguments_digest=arguments_digest(EDITED_JSON),
+        requested_by=ticket.requested_by,
+        expires_at=used.expires_at,
+    )
+    from django.db import transaction
+
+    with transaction.atomic():
+        assert preauth.match(Run.objects.get(pk=ticket.run_id), again) is None
+    assert Ticket.objects.get(pk=again.pk).status == TicketStatus.PENDING
+    assert AuditEvent.objects.filter(action="ticket.preauthorised").count() == 1
+
+
+@RESUMES
+def test_a_preauthorisation_is_not_used_after_it_expires(setup):
+    _, ticket, approver = setup
+    pre = services.edit_and_approve(ticket, user=approver, arguments=EDITED)
+    PreAuthorization.objects.filter(pk=pre.pk).update(expires_at=pre.created_at)
+
+    services.resume(run_id=ticket.run_id, worker_id="w1")
+
+    new = Ticket.objects.get(run_id=ticket.run_id, generation=2)
+    assert new.status == TicketStatus.PENDING
+    assert PreAuthorization.objects.get(pk=pre.pk).used_by is None
+
+
+@RESUMES
+def test_a_preauthorisation_of_a_former_approver_is_not_used(setup):
+    tenant, ticket, approver = setup
+    services.edit_and_approve(ticket, user=approver, arguments=EDITED)
+    approver.memberships.filter(tenant=tenant).update(role=Role.VIEWER)
+
+    services.resume(run_id=ticket.run_id, worker_id="w1")
+
+    new = Ticket.objects.get(run_id=ticket.run_id, generation=2)
+    assert new.status == TicketStatus.PENDING
+
+
+def test_edit_and_approve_by_the_requester_is_refused(setup):
+    tenant, _, _ = setup
+    requester = member(tenant, Role.APPROVER, username="approving-requester")
+    ticket = Ticket.objects.get(run=paused_run(tenant, requested_by=requester))
+
+    with pytest.raises(services.SelfApprovalError):
+        services.edit_and_approve(ticket, user=requester, arguments=EDITED)
+
+    assert Ticket.objects.get(pk=ticket.pk).status == TicketStatus.PENDING
+    assert not PreAuthorization.objects.exists()
+
+
+def test_edit_and_approve_by_another_tenant_is_not_found(setup):
+    _, ticket, _ = setup
+    stranger = member(TenantFactory(), Role.ADMIN)
+
+    with pytest.raises(services.TicketNotFoundError):
+        services.edit_and_approve(ticket, user=stranger, arguments=EDITED)
+
+    assert not PreAuthorization.objects.exists()
+
+
+def test_edit_and_approve_by_a_viewer_is_not_allowed(setup):
+    tenant, ticket, _ = setup
+
+    with pytest.raises(services.NotAllowedError):
+        services.edit_and_approve(ticket, user=member(tenant, Role.VIEWER), arguments=EDITED)
+
+
+def test_edit_and_approve_of_a_decided_ticket_is_refused(setup):
+    tenant, ticket, approver = setup
+    services.decide(ticket, user=member(tenant, Role.ADMIN), approve=False)
+
+    with pytest.raises(services.AlreadyDecidedError):
+        services.edit_and_approve(ticket, user=approver, arguments=EDITED)
+
+    assert not PreAuthorization.objects.exists()
+    assert not AuditEvent.objects.filter(action="ticket.edited").exists()
+
+
+@pytest.mark.parametrize(
+    ("arguments", "expected"),
+    [
+        ({"release": 25, "environment": "production"}, ("release", "Must be text, not 25.")),
+        ({"environment": "production"}, ("release", "This argument is required.")),
+        (
+            {**EDITED, "force": True},
+            (
+                None,
+                "The tool takes no argument called 'force'; it takes environment, release.",
+            ),
+        ),
+    ],
+    ids=["wrong-type", "missing", "unknown"],
+)
+def test_edit_and_approve_refuses_arguments_outside_the_schema(setup, arguments, expected):
+    _, ticket, approver = setup
+
+    with pytest.raises(services.InvalidArgumentsError) as raised:
+        services.edit_and_approve(ticket, user=approver, arguments=arguments)
+
+    assert [(p.argument, p.message) for p in raised.value.problems] == [expected]
+    assert Ticket.objects.get(pk=ticket.pk).status == TicketStatus.PENDING
+    assert not PreAuthorization.objects.exists()
+
+
+def test_edit_and_approve_with_unchanged_arguments_is_refused(setup):
+    _, ticket, approver = setup
+
+    with pytest.raises(services.InvalidDecisionError, match="approve the call instead"):
+        services.edit_and_approve(ticket, user=approver, arguments=dict(ORIGINAL))
+
+
+def test_parse_correction_reads_back_what_the_message_carries():
+    text = preauth.correction_message("deploy_release", EDITED_JSON, "a note: {not json}")
+
+    correction = preauth.parse_correction(text)
+
+    assert (correction.tool, correction.arguments) == ("deploy_release", EDITED)
+    assert preauth.parse_correction("Deployment was denied.") is None
+
+
+def test_changes_hide_values_of_secret_named_arguments():
+    rows = preauth.changes({"api_key": "old", "n": 1}, {"api_key": "new", "n": 2})
+
+    assert rows == [
+        {"path": "api_key", "kind": "changed", "before": "[redacted]", "after": "[redacted]"},
+        {"path": "n", "kind": "changed", "before": "1", "after": "2"},
+    ]

@@ -71,10 +71,12 @@ def tool_for(run: Run, tool_name: str) -> Any | None:
 
 @dataclass(frozen=True)
 class Problem:
-    """One thing to fix: the top-level argument it concerns (None: the whole call)."""
+    """One thing to fix: the top-level argument it concerns (None: the whole call; unknown:
+    arguments the tool does not take)."""
 
     argument: str | None
     message: str
+    unknown: bool = False
 
 
 _TYPE_WORDS = {
@@ -88,16 +90,26 @@ _TYPE_WORDS = {
 }
 
 
+def _as_list(value: Any) -> list:
+    return value if isinstance(value, list) else [value]
+
+
+def _shown(instance: Any) -> str:
+    got = json.dumps(instance, ensure_ascii=False)
+    return got if len(got) <= 80 else got[:79] + "…"
+
+
+def _describe_types(types: list, instance: Any) -> str:
+    words = " or ".join(dict.fromkeys(_TYPE_WORDS.get(str(t), str(t)) for t in types))
+    return f"Must be {words}, not {_shown(instance)}."
+
+
 def _describe(error: ValidationError) -> str:
-    got = json.dumps(error.instance, ensure_ascii=False)
-    if len(got) > 80:
-        got = got[:79] + "…"
+    got = _shown(error.instance)
     kind = error.validator
     value = error.validator_value
     if kind == "type":
-        wanted = value if isinstance(value, list) else [value]
-        words = " or ".join(_TYPE_WORDS.get(str(w), str(w)) for w in wanted)
-        return f"Must be {words}, not {got}."
+        return _describe_types(_as_list(value), error.instance)
     if kind == "enum":
         return "Must be one of " + ", ".join(json.dumps(v) for v in value) + f", not {got}."
     if kind == "const":
@@ -136,9 +148,22 @@ def schema_problems(schema: dict, arguments: Any) -> list[Problem]:
                     "The tool takes no argument called "
                     + ", ".join(repr(k) for k in extra)
                     + (f"; it takes {', '.join(sorted(allowed))}." if allowed else "."),
+                    unknown=True,
                 )
             )
             continue
+        if error.validator in {"anyOf", "oneOf"} and error.context:
+            # Optional[...] and unions: an alternative of the value's own type says what is
+            # wrong inside it; when no alternative has its type, name the types it may have.
+            inside = [e for e in error.context if e.validator != "type" or e.relative_path]
+            if inside:
+                error = max(inside, key=lambda e: len(e.relative_path))
+                path = list(error.absolute_path)
+            else:
+                types = [t for e in error.context for t in _as_list(e.validator_value)]
+                message = _describe_types(types, error.instance)
+                problems.append(Problem(str(path[0]) if path else None, message))
+                continue
         if path:
             top = str(path[0])
             inner = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path[1:])

@@ -10,6 +10,7 @@ urlpatterns = [
     path("", views.queue, name="queue"),
     path("tickets/<int:pk>/", views.ticket_detail, name="ticket"),
     path("tickets/<int:pk>/decide/", views.ticket_decide, name="decide"),
+    path("tickets/<int:pk>/edit/", views.ticket_edit, name="edit"),
     path("runs/<int:pk>/", views.run_detail, name="run"),
     path("runs/<int:pk>/resolve/", views.run_resolve, name="resolve"),
     path("audit/", views.audit_history, name="audit"),

@@ -5,10 +5,13 @@ normal ticket; the diff shown wherever the decision appears."""
 from __future__ import annotations
 
 import json
+from typing import Literal
 
 import pytest
-from agents import Agent
+from agents import Agent, function_tool
 from agents.testing import ModelStep, ScriptedModel, assistant_message, function_call
+from django.urls import reverse
+from django.utils.html import escape
 
 from approvals import demo, preauth, services
 from approvals.canonical import arguments_digest
@@ -354,3 +357,247 @@ def test_changes_hide_values_of_secret_named_arguments():
         {"path": "api_key", "kind": "changed", "before": "[redacted]", "after": "[redacted]"},
         {"path": "n", "kind": "changed", "before": "1", "after": "2"},
     ]
+
+
+# --- the views --------------------------------------------------------------------------------
+
+
+@function_tool(needs_approval=True, failure_error_function=None)
+def scale_service(
+    service: str,
+    replicas: int,
+    region: Literal["eu", "us"],
+    dry_run: bool,
+    labels: list[str] | None = None,
+) -> str:
+    """Scale a service (a tool with every kind of argument, for the form)."""
+    return f"{service} scaled to {replicas} in {region}"
+
+
+SCALE = {"service": "api", "replicas": 2, "region": "eu", "dry_run": False, "labels": None}
+
+
+def build_scaler_agent() -> Agent:
+    return Agent(
+        name="scaler",
+        model=ScriptedModel(
+            [
+                [function_call("scale_service", SCALE, call_id="call_scale")],
+                [assistant_message("ok")],
+            ]
+        ),
+        tools=[scale_service],
+    )
+
+
+@pytest.fixture
+def scaler(settings):
+    settings.APPROVALS_AGENTS = {
+        **settings.APPROVALS_AGENTS,
+        "scaler": {"1": "tests.approvals.test_edit_approve.build_scaler_agent"},
+    }
+    tenant = TenantFactory()
+    approver = member(tenant, Role.APPROVER, username="approver")
+    run = paused_run(tenant, agent_key="scaler", requested_by=member(tenant, Role.VIEWER))
+    return Ticket.objects.get(run=run), approver
+
+
+def edit_url(ticket: Ticket) -> str:
+    return reverse("approvals:edit", args=[ticket.pk])
+
+
+def scale_form(**changes: str) -> dict[str, str]:
+    form = {
+        "arg__service": "api",
+        "arg__replicas": "2",
+        "arg__region": '"eu"',
+        "arg__dry_run": "false",
+        "arg__labels": "null",
+        "extra": "",
+        "message": "",
+    }
+    return {**form, **changes}
+
+
+def test_edit_form_shows_one_field_per_argument_with_the_calls_values(client, scaler):
+    ticket, approver = scaler
+    client.force_login(approver)
+
+    response = client.get(edit_url(ticket))
+
+    assert response.status_code == 200
+    page = response.content.decode()
+    assert 'name="arg__service" value="api"' in page
+    assert 'name="arg__replicas" value="2"' in page
+    assert '<option value="&quot;eu&quot;" selected>eu</option>' in page
+    assert '<option value="false" selected>false</option>' in page
+    assert '<textarea name="arg__labels"' in page
+    assert "This tool takes no other arguments." in page
+
+
+def test_edit_link_is_on_the_ticket_page_for_an_approver_only(client, setup):
+    tenant, ticket, approver = setup
+    client.force_login(approver)
+    page = client.get(reverse("approvals:ticket", args=[ticket.pk])).content.decode()
+    assert f'href="{edit_url(ticket)}" id="edit-and-approve"' in page
+
+    client.force_login(member(tenant, Role.VIEWER))
+    page = client.get(reverse("approvals:ticket", args=[ticket.pk])).content.decode()
+    assert "edit-and-approve" not in page
+
+
+def test_edit_post_rejects_pre_authorises_and_redirects_to_the_run(client, scaler):
+    ticket, approver = scaler
+    client.force_login(approver)
+
+    response = client.post(
+        edit_url(ticket),
+        scale_form(arg__replicas="5", arg__labels='["ops"]', message="Five, not two."),
+    )
+
+    assert response.status_code == 302
+    assert response["Location"] == reverse("approvals:run", args=[ticket.run_id])
+    pre = PreAuthorization.objects.get(original_ticket=ticket)
+    assert json.loads(pre.arguments_json) == {**SCALE, "replicas": 5, "labels": ["ops"]}
+    ticket.refresh_from_db()
+    assert ticket.status == TicketStatus.REJECTED
+    assert ticket.decision_message.endswith("\nNote from the approver: Five, not two.")
+    assert Run.objects.get(pk=ticket.run_id).status == RunStatus.QUEUED
+
+
+@pytest.mark.parametrize(
+    ("changes", "field", "error"),
+    [
+        (
+            {"arg__replicas": "three"},
+            "arg__replicas",
+            "Must be a whole number, not &quot;three&quot;.",
+        ),
+        ({"arg__service": ""}, "arg__service", "This argument is required."),
+        (
+            {"extra": '{"force": true}'},
+            "extra",
+            "The tool takes no argument called &#x27;force&#x27;; it takes dry_run, labels, "
+            "region, replicas, service.",
+        ),
+        ({"arg__labels": "[ops]"}, "arg__labels", "This is not valid JSON"),
+        ({"arg__labels": '["ops", 7]'}, "arg__labels", "labels[1]: Must be text, not 7."),
+        ({"arg__region": '"mars"'}, "arg__region", "Select a valid choice."),
+        ({"extra": "[1]"}, "extra", "Other arguments must be a JSON object"),
+    ],
+    ids=["wrong-type", "missing", "unknown", "bad-json", "nested-type", "enum", "extra-list"],
+)
+def test_edit_post_outside_the_schema_is_a_form_error_and_keeps_what_was_typed(
+    client, scaler, changes, field, error
+):
+    ticket, approver = scaler
+    client.force_login(approver)
+    data = scale_form(message="keep this note", **changes)
+
+    response = client.post(edit_url(ticket), data)
+
+    assert response.status_code == 400
+    page = response.content.decode()
+    assert f'id="{field}-error">{error}' in page
+    assert "keep this note" in page
+    for name, value in changes.items():
+        if name.startswith("arg__") and name != "arg__region":
+            assert escape(value) in page
+    assert Ticket.objects.get(pk=ticket.pk).status == TicketStatus.PENDING
+    assert not PreAuthorization.objects.exists()
+    assert not AuditEvent.objects.filter(action="ticket.edited").exists()
+
+
+def test_edit_post_with_nothing_changed_says_to_approve_instead(client, scaler):
+    ticket, approver = scaler
+    client.force_login(approver)
+
+    response = client.post(edit_url(ticket), scale_form())
+
+    assert response.status_code == 400
+    assert "approve the call instead" in response.content.decode()
+    assert not PreAuthorization.objects.exists()
+
+
+def test_edit_by_the_requester_is_refused(client, setup):
+    tenant, _, _ = setup
+    requester = member(tenant, Role.ADMIN, username="admin-requester")
+    ticket = Ticket.objects.get(run=paused_run(tenant, requested_by=requester))
+    client.force_login(requester)
+
+    page = client.get(edit_url(ticket))
+    posted = client.post(
+        edit_url(ticket), {"arg__release": "2026.07.25", "arg__environment": "production"}
+    )
+
+    assert page.status_code == posted.status_code == 403
+    assert "someone else must approve it" in posted.content.decode()
+    assert Ticket.objects.get(pk=ticket.pk).status == TicketStatus.PENDING
+    assert not PreAuthorization.objects.exists()
+
+
+def test_edit_by_a_viewer_is_refused(client, setup):
+    tenant, ticket, _ = setup
+    client.force_login(member(tenant, Role.VIEWER))
+
+    assert client.get(edit_url(ticket)).status_code == 403
+    assert client.post(edit_url(ticket), {"arg__release": "x"}).status_code == 403
+    assert not PreAuthorization.objects.exists()
+
+
+def test_edit_by_another_tenant_is_404(client, setup):
+    _, ticket, _ = setup
+    client.force_login(member(TenantFactory(), Role.ADMIN))
+
+    assert client.get(edit_url(ticket)).status_code == 404
+    response = client.post(
+        edit_url(ticket), {"arg__release": "2026.07.25", "arg__environment": "production"}
+    )
+    assert response.status_code == 404
+    assert Ticket.objects.get(pk=ticket.pk).status == TicketStatus.PENDING
+
+
+def test_edit_of_a_decided_ticket_is_409(client, setup):
+    tenant, ticket, approver = setup
+    services.decide(ticket, user=member(tenant, Role.ADMIN, username="boss"), approve=False)
+    client.force_login(approver)
+
+    response = client.post(
+        edit_url(ticket), {"arg__release": "2026.07.25", "arg__environment": "production"}
+    )
+
+    assert response.status_code == 409
+    assert "This ticket is already rejected by boss." in response.content.decode()
+
+
+@RESUMES
+def test_the_diff_is_shown_wherever_the_decision_appears(client):
+    tenant = TenantFactory()
+    approver = member(tenant, Role.ADMIN, username="approver")
+    ticket = Ticket.objects.get(run=paused_run(tenant, requested_by=member(tenant, Role.VIEWER)))
+    client.force_login(approver)
+    client.post(
+        edit_url(ticket),
+        {"arg__release": "2026.07.25", "arg__environment": "production", "message": "Use .25"},
+    )
+    services.resume(run_id=ticket.run_id, worker_id="w1")
+    new = Ticket.objects.get(run_id=ticket.run_id, generation=2)
+    diff = "<del>2026.07.24</del> → <ins>2026.07.25</ins>"
+
+    original_page = client.get(reverse("approvals:ticket", args=[ticket.pk])).content.decode()
+    new_page = client.get(reverse("approvals:ticket", args=[new.pk])).content.decode()
+    run_page = client.get(reverse("approvals:run", args=[ticket.run_id])).content.decode()
+    audit_page = client.get(reverse("approvals:audit")).content.decode()
+
+    assert "Edited by approver:" in original_page
+    assert f"ticket #{new.pk}</a> was approved by the pre-authorisation" in original_page
+    assert diff in original_page
+    assert "Pre-authorised by approver:</strong> edited from" in new_page
+    assert f">ticket #{ticket.pk}</a>" in new_page
+    assert diff in new_page
+    assert run_page.count(diff) == 2
+    assert "Edited: rejected with corrected arguments" in run_page
+    assert "Approved: pre-authorised edit" in run_page
+    assert "Pre-authorised by approver: edited from <a href" in run_page
+    assert audit_page.count(diff) == 2
+    assert f"pre-authorised by approver, edited from ticket #{ticket.pk}" in audit_page

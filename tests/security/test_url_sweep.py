@@ -244,6 +244,7 @@ def test_url_sweep_own_objects_answer_200_so_the_sweep_can_fail(client, world):
     assert statuses == {
         "approvals:ticket": 200,
         "approvals:decide": 405,
+        "approvals:edit": 200,
         "approvals:run": 200,
         "approvals:resolve": 405,
         "sessions_admin:clear": 200,
@@ -298,6 +299,7 @@ def test_url_sweep_walks_the_whole_project_but_admin():
         "approvals:queue",
         "approvals:ticket",
         "approvals:decide",
+        "approvals:edit",
         "approvals:run",
         "approvals:resolve",
         "approvals:audit",

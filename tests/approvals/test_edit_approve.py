@@ -12,6 +12,7 @@ from agents import Agent, function_tool
 from agents.testing import ModelStep, ScriptedModel, assistant_message, function_call
 from django.urls import reverse
 from django.utils.html import escape
+from django_tasks_db.models import DBTaskResult
 
 from approvals import demo, preauth, services
 from approvals.canonical import arguments_digest
@@ -601,3 +602,27 @@ def test_the_diff_is_shown_wherever_the_decision_appears(client):
     assert "Pre-authorised by approver: edited from <a href" in run_page
     assert audit_page.count(diff) == 2
     assert f"pre-authorised by approver, edited from ticket #{ticket.pk}" in audit_page
+
+
+@pytest.mark.slow
+@RESUMES
+def test_edit_and_approve_through_the_worker_process_runs_the_edited_release(manage_process):
+    """As with `make run`: the worker resumes, the new call is pre-authorised and queued, and
+    the same worker batch resumes again and deploys the edited release once."""
+    tenant = TenantFactory()
+    approver = member(tenant, Role.APPROVER, username="rm-alice")
+    run = paused_run(tenant, requested_by=member(tenant, Role.VIEWER))
+    ticket = Ticket.objects.get(run=run)
+    services.edit_and_approve(ticket, user=approver, arguments=EDITED)
+
+    worker = manage_process("db_worker", "--batch", "--no-startup-delay")
+    _, err = worker.communicate(timeout=120)
+
+    assert worker.returncode == 0, err
+    run.refresh_from_db()
+    assert run.status == RunStatus.COMPLETED
+    assert [(e["release"], e["environment"]) for e in demo.read_effects("deploy_release")] == [
+        ("2026.07.25", "production")
+    ]
+    assert AuditEvent.objects.get(action="ticket.preauthorised").actor_name == "rm-alice"
+    assert DBTaskResult.objects.filter(status="SUCCESSFUL").count() == 2

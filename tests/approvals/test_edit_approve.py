@@ -626,3 +626,18 @@ def test_edit_and_approve_through_the_worker_process_runs_the_edited_release(man
     ]
     assert AuditEvent.objects.get(action="ticket.preauthorised").actor_name == "rm-alice"
     assert DBTaskResult.objects.filter(status="SUCCESSFUL").count() == 2
+
+
+def test_the_original_ticket_says_whether_its_pre_authorisation_was_used(client, setup):
+    _, ticket, approver = setup
+    pre = services.edit_and_approve(ticket, user=approver, arguments=EDITED)
+    client.force_login(approver)
+    url = reverse("approvals:ticket", args=[ticket.pk])
+
+    waiting = client.get(url).content.decode()
+    PreAuthorization.objects.filter(pk=pre.pk).update(expires_at=pre.created_at)
+    expired = client.get(url).content.decode()
+
+    assert "Not used yet: the agent has not called again" in waiting
+    assert "The pre-authorisation expired unused." in expired
+    assert "edit-and-approve" not in waiting

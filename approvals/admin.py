@@ -7,6 +7,7 @@ from approvals.models import (
     AuditEvent,
     IdempotencyRecord,
     Membership,
+    PreAuthorization,
     Run,
     Tenant,
     Ticket,
@@ -162,4 +163,22 @@ class TicketVoteAdmin(admin.ModelAdmin):
         return False
 
     def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+
+@admin.register(PreAuthorization)
+class PreAuthorizationAdmin(admin.ModelAdmin):
+    list_display = ["id", "tenant", "run", "tool_name", "created_by", "used_by", "expires_at"]
+    list_filter = ["tenant", "tool_name"]
+    list_select_related = ["tenant", "run", "created_by", "used_by"]
+
+    # A pre-authorisation approves a future call in someone's name: it is made only by
+    # editing a ticket in the console (permission checks, audit), never here.
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
         return False

@@ -21,7 +21,7 @@ from agents.testing import ModelStep, ScriptedModel, assistant_message, function
 from agents.tool_context import ToolContext
 from django.conf import settings
 
-from approvals import ledger
+from approvals import ledger, preauth
 
 # Counted per process, for tests that assert how often the model was asked.
 MODEL_CALLS = {"release": 0, "invoice": 0}
@@ -127,6 +127,22 @@ def _count(agent_key: str) -> None:
         MODEL_CALLS[agent_key] += 1
 
 
+def _latest_call(call_id: str, tool: str, outputs: dict[str, str]) -> tuple[str, dict | None]:
+    """The call that stands for call_id now, and its arguments when an approver changed them.
+
+    A rejection whose message carries corrected arguments for this tool asks for a new call
+    with exactly those arguments; each such call has its own id, derived from the one it
+    replaces, so the script stays a function of the conversation alone.
+    """
+    arguments = None
+    while call_id in outputs:
+        correction = preauth.parse_correction(outputs[call_id])
+        if correction is None or correction.tool != tool:
+            break
+        call_id, arguments = f"{call_id}_edited", correction.arguments
+    return call_id, arguments
+
+
 def _release_responder(call) -> list:
     _count("release")
     prompt, outputs = _conversation(call.input)
@@ -135,17 +151,16 @@ def _release_responder(call) -> list:
         return [assistant_message("Which release should I deploy? Give it as YYYY.MM.DD.")]
     release = match.group(1)
     environments = [e for e in ("staging", "production") if e in prompt.lower()] or ["production"]
+    latest = {}
     for environment in environments:
-        call_id = f"call_deploy_{release}_{environment}"
+        call_id, corrected = _latest_call(
+            f"call_deploy_{release}_{environment}", "deploy_release", outputs
+        )
         if call_id not in outputs:
-            return [
-                function_call(
-                    "deploy_release",
-                    {"release": release, "environment": environment},
-                    call_id=call_id,
-                )
-            ]
-    summary = " ".join(outputs[f"call_deploy_{release}_{e}"] for e in environments)
+            arguments = corrected or {"release": release, "environment": environment}
+            return [function_call("deploy_release", arguments, call_id=call_id)]
+        latest[environment] = call_id
+    summary = " ".join(outputs[latest[e]] for e in environments)
     return [assistant_message(f"Release {release}: {summary}")]
 
 
@@ -155,9 +170,10 @@ def _invoice_responder(call) -> list:
     match = re.search(r"\bINV-\d+\b", prompt)
     if match is None:
         return [assistant_message("Which invoice should I publish?")]
-    call_id = f"call_publish_{match.group(0)}"
+    call_id, corrected = _latest_call(f"call_publish_{match.group(0)}", "publish_invoice", outputs)
     if call_id not in outputs:
-        return [function_call("publish_invoice", {"invoice_id": match.group(0)}, call_id=call_id)]
+        arguments = corrected or {"invoice_id": match.group(0)}
+        return [function_call("publish_invoice", arguments, call_id=call_id)]
     return [assistant_message(f"Invoice {match.group(0)}: {outputs[call_id]}")]
 
 
@@ -173,7 +189,8 @@ def build_release_agent() -> Agent:
         instructions=(
             "You deploy releases. Call deploy_release once per environment the user names "
             "(production when none is named), then report the outcome in one sentence. "
-            "If a deployment is refused, say so and do not retry."
+            "If a deployment is refused, say so and do not retry, unless the refusal gives you "
+            "corrected arguments: then call the tool once more with exactly those arguments."
         ),
         model=_model(_release_responder),
         tools=[deploy_release],
@@ -185,7 +202,8 @@ def build_invoice_agent() -> Agent:
         name="invoice",
         instructions=(
             "You publish invoices. Call publish_invoice for the invoice the user names, then "
-            "report the outcome in one sentence. If publishing is refused, say so."
+            "report the outcome in one sentence. If publishing is refused, say so; if the refusal "
+            "gives you corrected arguments, call the tool once more with exactly those."
         ),
         model=_model(_invoice_responder),
         tools=[publish_invoice],

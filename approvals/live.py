@@ -30,6 +30,8 @@ KINDS = {
     "ticket.expired": "ticket.decided",
     "ticket.auto_approved": "ticket.decided",
     "ticket.auto_rejected": "ticket.decided",
+    "ticket.edited": "ticket.decided",
+    "ticket.preauthorised": "ticket.decided",
     "ticket.vote": "ticket.changed",
     "ticket.votes_invalidated": "ticket.changed",
     "ticket.escalated": "ticket.changed",

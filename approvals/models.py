@@ -417,3 +417,47 @@ class IdempotencyRecord(models.Model):
 
     def __str__(self) -> str:
         return f"{self.operation} {self.resource} ({self.status})"
+
+
+class PreAuthorization(models.Model):
+    """An approver's edit of a call: the original was rejected with the corrected arguments,
+    and a new call of exactly this tool and digest in the same run is approved once, by them."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="preauthorizations")
+    run = models.ForeignKey(Run, on_delete=models.PROTECT, related_name="preauthorizations")
+    tool_name = models.CharField(max_length=200)
+    arguments_json = models.TextField()
+    arguments_digest = models.CharField(max_length=64)
+    # The rejected call it corrects; a ticket is decided once, so it is edited at most once.
+    original_ticket = models.OneToOneField(
+        Ticket, on_delete=models.PROTECT, related_name="preauthorization"
+    )
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="preauthorizations",
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+    expires_at = models.DateTimeField()
+    used_by = models.OneToOneField(
+        Ticket,
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="preauthorized_by",
+    )
+    used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["run", "tool_name", "arguments_digest"], name="preauth_lookup"),
+        ]
+
+    def __str__(self) -> str:
+        return f"pre-authorisation {self.pk} {self.tool_name} (ticket {self.original_ticket_id})"
+
+    @property
+    def is_used(self) -> bool:
+        return self.used_by_id is not None

@@ -27,9 +27,9 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from approvals import audit, crypto, faults, ledger, live, policies, registry
+from approvals import audit, crypto, faults, ledger, live, policies, preauth, registry
 from approvals.agent_sessions import SessionRef, describe, reopen
-from approvals.canonical import arguments_digest, canonical_arguments
+from approvals.canonical import arguments_digest, canonical_arguments, canonical_json
 from approvals.models import (
     ApprovalPolicy,
     ApproverGroup,
@@ -37,6 +37,7 @@ from approvals.models import (
     IdempotencyRecord,
     LedgerStatus,
     Membership,
+    PreAuthorization,
     Role,
     Run,
     RunStatus,
@@ -241,16 +242,34 @@ def _create_tickets(run: Run, interruptions, *, requested_by, now) -> list[Ticke
 def _decide_automatically(run: Run, tickets: list[Ticket], *, now) -> None:
     """Offer each new ticket to the automatic deciders; queue the run if none is left pending.
 
-    Runs inside the caller's transaction, with the run row written (and locked when resuming).
+    First a call an approver edited and pre-authorised (preauth): it counts as that person's
+    approval under the ticket's policy, so it approves the ticket when one approval is enough
+    and is one vote towards a larger quorum otherwise. Then the policy's rules on argument
+    values. Runs inside the caller's transaction, with the run row written (and locked when
+    resuming).
     """
-    decided = False
+    decided, by_person = False, None
     for ticket in tickets:
-        choice = policies.automatic_decision(policies.policy_of(ticket), ticket.arguments_json)
+        policy = policies.policy_of(ticket)
+        pre = preauth.candidate(run, ticket, now=now)
+        if (
+            pre is not None
+            and not policies.refusal_for(pre.created_by, ticket, policy)
+            and preauth.use(pre, ticket, now=now)
+        ):
+            progress = _vote(ticket, policy, user=pre.created_by, now=now)
+            if progress.met:
+                preauth.approve(run, ticket, pre, now=now)
+                decided, by_person = True, pre.created_by
+            else:
+                preauth.count_as_vote(run, ticket, pre, progress=progress.describe())
+            continue
+        choice = policies.automatic_decision(policy, ticket.arguments_json)
         if choice is not None:
             _record_automatic(ticket, choice, now=now)
             decided = True
     if decided:
-        _queue_if_decided(run, now=now, actor_name="policy")
+        _queue_if_decided(run, now=now, actor=by_person, actor_name="" if by_person else "policy")
 
 
 def _record_automatic(ticket: Ticket, choice: policies.AutoDecision, *, now) -> None:
@@ -416,6 +435,49 @@ def membership_for(user, tenant_id: int) -> Membership | None:
     return Membership.objects.filter(user=user, tenant_id=tenant_id).first()
 
 
+def _checked_message(message: str) -> str:
+    message = (message or "").strip()
+    if len(message) > MAX_MESSAGE_CHARS:
+        raise InvalidDecisionError(
+            f"the message is {len(message)} characters; at most {MAX_MESSAGE_CHARS}"
+        )
+    return message
+
+
+def _check_decider(ticket: Ticket, user, *, approve: bool) -> Membership:
+    """The user may decide this ticket so; raises a DecisionError otherwise."""
+    membership = membership_for(user, ticket.tenant_id)
+    if membership is None:
+        raise TicketNotFoundError("no such ticket")
+    if not membership.can_decide:
+        raise NotAllowedError(f"the {membership.role} role cannot decide tickets")
+    if approve and ticket.is_requested_by(user):
+        raise SelfApprovalError("you requested this call, so someone else must approve it")
+    return membership
+
+
+def _compare_and_set(
+    ticket: Ticket, *, status: str, user, now, message: str = "", always: bool = False
+) -> None:
+    """Decide a pending, unexpired ticket, or raise why it cannot be decided any more."""
+    won = Ticket.objects.filter(
+        pk=ticket.pk, status=TicketStatus.PENDING, expires_at__gt=now
+    ).update(
+        status=status,
+        decided_by=user,
+        decided_at=now,
+        decision_message=message,
+        always=always,
+        # A decision ends whoever was "on it".
+        claimed_by=None,
+        claimed_at=None,
+    )
+    if won:
+        return
+    _refuse_unless_pending(Ticket.objects.select_related("decided_by").get(pk=ticket.pk), now)
+    raise TicketExpiredError("this ticket could not be decided; reload it")
+
+
 def decide(
     ticket: Ticket, *, user, approve: bool, message: str = "", always: bool = False
 ) -> Ticket:
@@ -432,20 +494,10 @@ def decide(
     NotAllowedError, SelfApprovalError, AlreadyVotedError, TicketExpiredError,
     AlreadyDecidedError or InvalidDecisionError, having written nothing.
     """
-    message = (message or "").strip()
-    if len(message) > MAX_MESSAGE_CHARS:
-        raise InvalidDecisionError(
-            f"the message is {len(message)} characters; at most {MAX_MESSAGE_CHARS}"
-        )
+    message = _checked_message(message)
     if always and not approve:
         raise InvalidDecisionError("'always' goes with an approval, not a rejection")
-    membership = membership_for(user, ticket.tenant_id)
-    if membership is None:
-        raise TicketNotFoundError("no such ticket")
-    if not membership.can_decide:
-        raise NotAllowedError(f"the {membership.role} role cannot decide tickets")
-    if approve and ticket.is_requested_by(user):
-        raise SelfApprovalError("you requested this call, so someone else must approve it")
+    _check_decider(ticket, user, approve=approve)
     with transaction.atomic():
         # The run's lock orders decisions on one run, so exactly one of them sees "all decided".
         # Only what is read here: the row also holds the state blob, which need not travel.
@@ -482,23 +534,7 @@ def decide(
                 ticket.refresh_from_db()
                 return ticket
         status = TicketStatus.APPROVED if approve else TicketStatus.REJECTED
-        won = Ticket.objects.filter(
-            pk=ticket.pk, status=TicketStatus.PENDING, expires_at__gt=now
-        ).update(
-            status=status,
-            decided_by=user,
-            decided_at=now,
-            decision_message=message,
-            always=always,
-            # A decision ends whoever was "on it".
-            claimed_by=None,
-            claimed_at=None,
-        )
-        if not won:
-            _refuse_unless_pending(
-                Ticket.objects.select_related("decided_by").get(pk=ticket.pk), now
-            )
-            raise TicketExpiredError("this ticket could not be decided; reload it")
+        _compare_and_set(ticket, status=status, user=user, now=now, message=message, always=always)
         detail: dict[str, Any] = {"always": always, "message": message} if message or always else {}
         if approve and (progress.count > 1 or policy.group_rules):
             detail["voters"] = progress.voters
@@ -553,6 +589,102 @@ def _vote(ticket: Ticket, policy: ApprovalPolicy, *, user, now) -> policies.Prog
         groups=policies.counted_groups(policies.groups_of(user, ticket.tenant_id), ticket, policy),
     )
     return policies.progress(ticket, policy, [*votes, vote])
+
+
+class InvalidArgumentsError(InvalidDecisionError):
+    """Edited arguments that do not fit the tool's JSON schema."""
+
+    def __init__(self, problems: list[preauth.Problem]) -> None:
+        super().__init__(
+            "the edited arguments do not fit the tool's schema: "
+            + "; ".join(f"{p.argument}: {p.message}" if p.argument else p.message for p in problems)
+        )
+        self.problems = problems
+
+
+def edit_and_approve(
+    ticket: Ticket, *, user, arguments: dict, message: str = ""
+) -> PreAuthorization:
+    """Reject a pending call with corrected arguments and pre-authorise exactly those.
+
+    The SDK cannot approve a call with other arguments, so the model is asked to call again:
+    the rejection message carries the corrected arguments as canonical JSON (and the approver's
+    note), and when the resumed model calls the same tool with exactly that digest, the new
+    ticket counts as this user's approval (_decide_automatically, from _create_tickets).
+    Side effects, in one transaction: the ticket rejected by the same compare-and-set as a
+    rejection; a PreAuthorization (canonical arguments, digest, expiry one ticket lifetime
+    away); audit event ticket.edited with the changes; when it was the run's last pending
+    ticket, the run queued and the resume enqueued; after commit, live hints. Raises
+    TicketNotFoundError, NotAllowedError, SelfApprovalError (editing approves, so the requester
+    may not), TicketExpiredError, AlreadyDecidedError, InvalidArgumentsError or
+    InvalidDecisionError, having written nothing.
+    """
+    note = _checked_message(message)
+    _check_decider(ticket, user, approve=True)
+    refusal = policies.refusal_for(user, ticket, policies.policy_of(ticket))
+    if refusal:
+        raise NotAllowedError(refusal)
+    if not isinstance(arguments, dict):
+        raise InvalidDecisionError("the edited arguments must be a JSON object")
+    tool = preauth.tool_for(ticket.run, ticket.tool_name)
+    if tool is None:
+        raise InvalidDecisionError(
+            f"the tool {ticket.tool_name!r} is not in agent {ticket.run.agent_key!r} "
+            f"version {ticket.run.agent_version!r} as deployed here, so its arguments cannot "
+            "be checked; approve or reject the call as it is"
+        )
+    problems = preauth.schema_problems(tool.params_json_schema, arguments)
+    if problems:
+        raise InvalidArgumentsError(problems)
+    edited_json = canonical_json(arguments)
+    digest = arguments_digest(edited_json)
+    if digest == ticket.arguments_digest:
+        raise InvalidDecisionError(
+            "the edited arguments are the same as the call's; approve the call instead"
+        )
+    rejection = preauth.correction_message(tool.name, edited_json, note)
+    with transaction.atomic():
+        run = Run.objects.select_for_update().get(pk=ticket.run_id)
+        now = timezone.now()
+        _compare_and_set(
+            ticket, status=TicketStatus.REJECTED, user=user, now=now, message=rejection
+        )
+        pre = PreAuthorization.objects.create(
+            tenant_id=ticket.tenant_id,
+            run=run,
+            tool_name=ticket.tool_name,
+            arguments_json=edited_json,
+            arguments_digest=digest,
+            original_ticket=ticket,
+            created_by=user,
+            created_at=now,
+            expires_at=now + settings.APPROVALS_TICKET_TTL,
+        )
+        audit.append(
+            tenant_id=ticket.tenant_id,
+            action="ticket.edited",
+            actor=user,
+            run_id=run.pk,
+            ticket_id=ticket.pk,
+            tool_name=ticket.tool_name,
+            arguments_digest=ticket.arguments_digest,
+            outcome=TicketStatus.REJECTED,
+            detail={
+                "edited_digest": digest,
+                "changes": preauth.changes(json.loads(ticket.arguments_json), arguments),
+                **({"message": note} if note else {}),
+            },
+        )
+        live.notify_on_commit(
+            ticket.tenant_id,
+            "ticket.decided",
+            ticket=ticket.pk,
+            run=run.pk,
+            status=TicketStatus.REJECTED,
+        )
+        _queue_if_decided(run, now=now, actor=user)
+    ticket.refresh_from_db()
+    return pre
 
 
 # --- resuming ---------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ urlpatterns = [
     path("tickets/<int:pk>/claim/", views.ticket_claim, name="claim"),
     path("tickets/<int:pk>/comments/", views.ticket_comment, name="comment"),
     path("tickets/batch/", views.batch_decide, name="batch"),
+    path("tickets/<int:pk>/edit/", views.ticket_edit, name="edit"),
     path("runs/<int:pk>/", views.run_detail, name="run"),
     path("runs/<int:pk>/resolve/", views.run_resolve, name="resolve"),
     path("audit/", views.audit_history, name="audit"),

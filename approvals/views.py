@@ -12,7 +12,7 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.cache import cache
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django.http import (
     Http404,
     HttpRequest,
@@ -25,18 +25,20 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
-from django.views.decorators.http import require_GET, require_POST
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from django_htmx.http import HttpResponseClientRedirect, trigger_client_event
 from django_htmx.middleware import HtmxDetails
 
-from approvals import crypto, policies, presenters, registry, services, team
+from approvals import crypto, policies, preauth, presenters, registry, services, team
 from approvals.audit import verify_chain
 from approvals.forms import (
+    ARG_PREFIX,
     AuditFilterForm,
     BatchDecisionForm,
     ClaimForm,
     CommentForm,
     DecisionForm,
+    EditArgumentsForm,
     QueueFilterForm,
     ResolveForm,
     TenantSwitchForm,
@@ -44,6 +46,7 @@ from approvals.forms import (
 from approvals.models import (
     AuditEvent,
     Membership,
+    PreAuthorization,
     Role,
     Run,
     RunStatus,
@@ -227,6 +230,14 @@ def _ticket_context(request: HttpRequest, ticket: Ticket, membership: Membership
         else ""
     )
     may_decide = membership.can_decide and ticket.is_pending and not expired and not policy_refusal
+    # Edit and approve: the pre-authorisation this ticket made (edited_into) or used (edited_from).
+    edits = {
+        "into" if p.original_ticket_id == ticket.pk else "from": p
+        for p in PreAuthorization.objects.filter(
+            Q(original_ticket=ticket) | Q(used_by=ticket)
+        ).select_related("created_by", "original_ticket")
+    }
+    edit = edits.get("into") or edits.get("from")
     return {
         "policy": policy,
         "progress": policies.progress(ticket, policy, votes),
@@ -250,6 +261,11 @@ def _ticket_context(request: HttpRequest, ticket: Ticket, membership: Membership
         and not ticket.is_requested_by(request.user)
         and my_vote is None,
         "is_requester": ticket.is_requested_by(request.user),
+        "may_edit": may_decide and not ticket.is_requested_by(request.user),
+        "edited_into": edits.get("into"),
+        "edited_from": edits.get("from"),
+        "edit_changes": _edit_changes(edit) if edit else None,
+        "edit_expired": edit is not None and edit.expires_at <= timezone.now(),
         "form": DecisionForm(),
         **_team_context(ticket, membership),
     }
@@ -286,6 +302,12 @@ def _team_context(ticket: Ticket, membership: Membership) -> dict:
 
 # Live regions of the ticket page that re-read without the rest of the page.
 TEAM_PARTIALS = {"claim", "comment-list"}
+
+
+def _edit_changes(pre: PreAuthorization) -> list[presenters.Change]:
+    return presenters.diff(
+        json.loads(pre.original_ticket.arguments_json), json.loads(pre.arguments_json)
+    )
 
 
 @login_required
@@ -457,6 +479,90 @@ def ticket_decide(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     return render(request, template, context, status=status)
 
 
+def _edit_refusal(request: HttpRequest, ticket: Ticket, membership: Membership) -> str:
+    """Why this user cannot edit this ticket now, or "" when they can."""
+    if not membership.can_decide:
+        return f"Your role ({membership.get_role_display().lower()}) cannot decide tickets."
+    if ticket.is_requested_by(request.user):
+        return "You requested this call, so someone else must approve it, edited or not."
+    if ticket.status == TicketStatus.PENDING and ticket.is_expired:
+        return f"This ticket expired at {ticket.expires_at:%Y-%m-%d %H:%M} UTC."
+    if ticket.status != TicketStatus.PENDING:
+        who = ticket.decided_by.get_username() if ticket.decided_by else ""
+        return f"This ticket is already {ticket.get_status_display().lower()}" + (
+            f" by {who}." if who else "."
+        )
+    return ""
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def ticket_edit(request: HttpRequest, pk: int) -> HttpResponse:
+    """Edit and approve: the arguments in a form checked against the tool's JSON schema."""
+    ticket, membership = _get_ticket_for_user(request, pk)
+    context: dict = {"ticket": ticket, "run": ticket.run, "membership": membership}
+    refusal = _edit_refusal(request, ticket, membership)
+    if refusal:
+        forbidden = not membership.can_decide or ticket.is_requested_by(request.user)
+        context["refusal"] = refusal
+        return render(request, "approvals/edit.html", context, status=403 if forbidden else 409)
+    tool = preauth.tool_for(ticket.run, ticket.tool_name)
+    if tool is None:
+        context["refusal"] = (
+            f"The tool {ticket.tool_name} is not in agent {ticket.run.agent_key} "
+            f"v{ticket.run.agent_version} as deployed here, so edited arguments cannot be "
+            "checked. Approve or reject the call as it is."
+        )
+        return render(request, "approvals/edit.html", context, status=409)
+    original = json.loads(ticket.arguments_json)
+    form = EditArgumentsForm(
+        request.POST if request.method == "POST" else None,
+        schema=tool.params_json_schema,
+        original=original if isinstance(original, dict) else {},
+    )
+    status = 200
+    if request.method == "POST":
+        status = 400
+        if form.is_valid() and form.arguments is not None:
+            try:
+                services.edit_and_approve(
+                    ticket,
+                    user=request.user,
+                    arguments=form.arguments,
+                    message=form.cleaned_data["message"],
+                )
+            except services.TicketNotFoundError:
+                raise Http404("No such ticket.") from None
+            except (services.NotAllowedError, services.SelfApprovalError) as error:
+                context["problem"], status = _sentence(error), 403
+            except (services.AlreadyDecidedError, services.TicketExpiredError) as error:
+                context["problem"], status = _sentence(error), 409
+            except services.InvalidArgumentsError as error:
+                for problem in error.problems:
+                    field = ARG_PREFIX + str(problem.argument)
+                    form.add_error(field if field in form.fields else None, problem.message)
+            except services.InvalidDecisionError as error:
+                context["problem"] = _sentence(error)
+            else:
+                messages.success(
+                    request,
+                    f"Ticket #{ticket.pk} rejected with your corrected arguments, which are "
+                    "pre-authorised: when the agent calls again with exactly those, the call "
+                    "runs without asking again.",
+                )
+                return redirect("approvals:run", pk=ticket.run_id)
+        if form.arguments is not None:
+            context["changes"] = presenters.diff(original, form.arguments)
+    context.update(
+        {
+            "form": form,
+            "tool": tool,
+            "arguments": presenters.arguments_rows_from_json(ticket.arguments_json),
+        }
+    )
+    return render(request, "approvals/edit.html", context, status=status)
+
+
 def _sentence(error: Exception) -> str:
     text = str(error)
     return (text[:1].upper() + text[1:]).rstrip(".") + "."
@@ -469,6 +575,8 @@ ACTION_LABELS = {
     "ticket.created": "Approval requested",
     "ticket.approved": "Approved",
     "ticket.rejected": "Rejected",
+    "ticket.edited": "Edited: rejected with corrected arguments",
+    "ticket.preauthorised": "Approved: pre-authorised edit",
     "ticket.expired": "Ticket expired",
     "ticket.vote": "Approval counted towards the quorum",
     "ticket.votes_invalidated": "Approvals invalidated by a policy change",
@@ -522,12 +630,19 @@ def _timeline(run: Run) -> list[dict]:
 def run_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     run, membership = _get_run_for_user(request, pk)
     tickets = list(run.tickets.select_related("decided_by").order_by("pk"))
+    edited = set(
+        PreAuthorization.objects.filter(run=run).values_list("original_ticket_id", flat=True)
+    )
     context = {
         "run": run,
         "membership": membership,
         "timeline": _timeline(run),
         "tickets": tickets,
-        "rejected": [t for t in tickets if t.status == TicketStatus.REJECTED],
+        # An edited call was rejected only to be made again with the approver's arguments.
+        "rejected": [
+            t for t in tickets if t.status == TicketStatus.REJECTED and t.pk not in edited
+        ],
+        "edited": [t for t in tickets if t.pk in edited],
         "doubtful": services.in_doubt_effects(run)
         if run.status == RunStatus.NEEDS_ATTENTION
         else [],

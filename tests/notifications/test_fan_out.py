@@ -31,33 +31,35 @@ def deliveries(endpoint) -> list[tuple[str, str]]:
 
 
 @pytest.mark.parametrize(
-    ("action", "detail", "expected"),
+    ("action", "detail", "outcome", "expected"),
     [
-        ("ticket.created", {}, Event.TICKET_CREATED),
-        ("ticket.approved", {}, Event.TICKET_DECIDED),
-        ("ticket.rejected", {}, Event.TICKET_DECIDED),
-        ("ticket.rejected", {"by": "expiry"}, Event.TICKET_EXPIRED),
-        ("ticket.auto_approved", {}, Event.TICKET_DECIDED),
-        ("ticket.auto_rejected", {}, Event.TICKET_DECIDED),
-        ("ticket.preauthorised", {}, Event.TICKET_DECIDED),
-        ("ticket.expired", {}, Event.TICKET_EXPIRED),
-        ("ticket.escalated", {}, Event.TICKET_ESCALATED),
-        ("run.completed", {}, Event.RUN_COMPLETED),
-        ("run.failed", {}, Event.RUN_FAILED),
-        ("run.expired", {}, Event.RUN_FAILED),
-        ("run.in_doubt", {}, Event.RUN_FAILED),
-        ("run.paused", {}, None),
-        ("run.queued", {}, None),
-        ("ticket.vote", {}, None),
-        ("ticket.claimed", {}, None),
-        ("ticket.commented", {}, None),
-        ("webhook.failed", {}, None),
-        ("webhook.delivered", {}, None),
-        ("auth.sign_in_failed", {}, None),
+        ("ticket.created", {}, "", Event.TICKET_CREATED),
+        ("ticket.approved", {}, "", Event.TICKET_DECIDED),
+        ("ticket.rejected", {}, "", Event.TICKET_DECIDED),
+        ("ticket.rejected", {"by": "expiry"}, "", Event.TICKET_EXPIRED),
+        ("ticket.auto_approved", {}, "", Event.TICKET_DECIDED),
+        ("ticket.auto_rejected", {}, "", Event.TICKET_DECIDED),
+        ("ticket.preauthorised", {}, "approved", Event.TICKET_DECIDED),
+        ("ticket.preauthorised", {}, "pending", None),
+        ("ticket.edited", {}, "rejected", Event.TICKET_DECIDED),
+        ("ticket.expired", {}, "", Event.TICKET_EXPIRED),
+        ("ticket.escalated", {}, "", Event.TICKET_ESCALATED),
+        ("run.completed", {}, "", Event.RUN_COMPLETED),
+        ("run.failed", {}, "", Event.RUN_FAILED),
+        ("run.expired", {}, "", Event.RUN_FAILED),
+        ("run.in_doubt", {}, "", Event.RUN_FAILED),
+        ("run.paused", {}, "", None),
+        ("run.queued", {}, "", None),
+        ("ticket.vote", {}, "", None),
+        ("ticket.claimed", {}, "", None),
+        ("ticket.commented", {}, "", None),
+        ("webhook.failed", {}, "", None),
+        ("webhook.delivered", {}, "", None),
+        ("auth.sign_in_failed", {}, "", None),
     ],
 )
-def test_event_for_maps_audit_actions_to_notification_events(action, detail, expected):
-    assert event_for(AuditEvent(action=action, detail=detail)) == expected
+def test_event_for_maps_audit_actions_to_notification_events(action, detail, outcome, expected):
+    assert event_for(AuditEvent(action=action, detail=detail, outcome=outcome)) == expected
 
 
 def test_fan_out_new_ticket_reaches_active_endpoints_that_want_it_only(

@@ -234,6 +234,30 @@ class FuzzFormsTests(TestCase):
     @FUZZ
     @given(
         data=form(
+            "arg__release",
+            "arg__environment",
+            "extra",
+            "message",
+            extra=st.one_of(
+                st.sampled_from(["{}", "[]", "null", '{"force": true}', '{"release": 1}', "{"]),
+                anything,
+            ),
+        ),
+        user=st.sampled_from(["requester", "approver", "auditor", "admin"]),
+        method=st.sampled_from(["get", "post"]),
+    )
+    def test_fuzz_edit_form_never_500(self, data, user, method):
+        self.client.force_login(getattr(self, user))
+
+        response = getattr(self.client, method)(
+            reverse("approvals:edit", args=[self.ticket.pk]), data
+        )
+
+        self.assert_no_server_error(response, data)
+
+    @FUZZ
+    @given(
+        data=form(
             "action",
             "text",
             action=st.one_of(st.sampled_from(["claim", "take_over", "release", "CLAIM"]), anything),

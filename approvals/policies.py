@@ -235,6 +235,18 @@ def describe_rule(rule: dict) -> str:
     )
 
 
+def allows_always(policy: ApprovalPolicy) -> bool:
+    """Whether one person may approve a tool for the rest of a run. "Always" lets later calls
+    of the tool run without a ticket, so it would waive a quorum, group rules or a rule that
+    rejects some arguments: it is offered only when one approval from anyone allowed is all
+    the policy asks."""
+    return (
+        policy.required_approvals <= 1
+        and not policy.group_rules
+        and not any(rule.get("decision") == "reject" for rule in policy.auto_rules or [])
+    )
+
+
 def automatic_decision(policy: ApprovalPolicy, arguments_json: str) -> AutoDecision | None:
     """The first of the policy's rules that matches the canonical arguments, if any."""
     if not policy.auto_rules:

@@ -242,15 +242,21 @@ def _create_tickets(run: Run, interruptions, *, requested_by, now) -> list[Ticke
 def _decide_automatically(run: Run, tickets: list[Ticket], *, now) -> None:
     """Offer each new ticket to the automatic deciders; queue the run if none is left pending.
 
-    First a call an approver edited and pre-authorised (preauth): it counts as that person's
-    approval under the ticket's policy, so it approves the ticket when one approval is enough
-    and is one vote towards a larger quorum otherwise. Then the policy's rules on argument
-    values. Runs inside the caller's transaction, with the run row written (and locked when
-    resuming).
+    The policy's rules on argument values come first: a call a rule rejects is rejected even if
+    an approver pre-authorised it. Then a call an approver edited and pre-authorised (preauth):
+    it counts as that person's approval under the ticket's policy, so it approves the ticket
+    when one approval is enough and is one vote towards a larger quorum otherwise (where an
+    approving rule, if any, still decides). Runs inside the caller's transaction, with the run
+    row written (and locked when resuming).
     """
     decided, by_person = False, None
     for ticket in tickets:
         policy = policies.policy_of(ticket)
+        choice = policies.automatic_decision(policy, ticket.arguments_json)
+        if choice is not None and not choice.approve:
+            _record_automatic(ticket, choice, now=now)
+            decided = True
+            continue
         pre = preauth.candidate(run, ticket, now=now)
         if (
             pre is not None
@@ -261,10 +267,8 @@ def _decide_automatically(run: Run, tickets: list[Ticket], *, now) -> None:
             if progress.met:
                 preauth.approve(run, ticket, pre, now=now)
                 decided, by_person = True, pre.created_by
-            else:
-                preauth.count_as_vote(run, ticket, pre, progress=progress.describe())
-            continue
-        choice = policies.automatic_decision(policy, ticket.arguments_json)
+                continue
+            preauth.count_as_vote(run, ticket, pre, progress=progress.describe())
         if choice is not None:
             _record_automatic(ticket, choice, now=now)
             decided = True
@@ -514,6 +518,11 @@ def decide(
         refusal = policies.refusal_for(user, current, policy)
         if refusal:
             raise NotAllowedError(refusal)
+        if always and not policies.allows_always(policy):
+            raise InvalidDecisionError(
+                "'always' is not offered under this ticket's policy: it asks for more than one "
+                "person or rejects some arguments, so each later call needs its own approval"
+            )
         if approve:
             progress = _vote(current, policy, user=user, now=now)
             if not progress.met:
@@ -621,9 +630,6 @@ def edit_and_approve(
     """
     note = _checked_message(message)
     _check_decider(ticket, user, approve=True)
-    refusal = policies.refusal_for(user, ticket, policies.policy_of(ticket))
-    if refusal:
-        raise NotAllowedError(refusal)
     if not isinstance(arguments, dict):
         raise InvalidDecisionError("the edited arguments must be a JSON object")
     tool = preauth.tool_for(ticket.run, ticket.tool_name)
@@ -646,6 +652,12 @@ def edit_and_approve(
     with transaction.atomic():
         run = Run.objects.select_for_update().get(pk=ticket.run_id)
         now = timezone.now()
+        # Read under the lock, as decide() does: an escalation may have moved the ticket.
+        current = Ticket.objects.select_related("policy").get(pk=ticket.pk)
+        policy = policies.policy_of(current)
+        refusal = policies.refusal_for(user, current, policy)
+        if refusal:
+            raise NotAllowedError(refusal)
         _compare_and_set(
             ticket, status=TicketStatus.REJECTED, user=user, now=now, message=rejection
         )
@@ -658,7 +670,7 @@ def edit_and_approve(
             original_ticket=ticket,
             created_by=user,
             created_at=now,
-            expires_at=now + settings.APPROVALS_TICKET_TTL,
+            expires_at=now + policies.time_to_live(policy),
         )
         audit.append(
             tenant_id=ticket.tenant_id,
@@ -765,6 +777,9 @@ def _check_before_resume(run: Run, tickets: list[Ticket]) -> None:
         raise _Refusal(f"ticket {undecided[0].pk} is {undecided[0].status}, not decided")
     now = timezone.now()
     grace = timedelta(seconds=settings.APPROVALS_RESUME_GRACE_SECONDS)
+    # The run waits for its last ticket, whose expiry may be later than its siblings' (another
+    # policy, an escalation): an approval is stale only once the whole generation has expired.
+    deadline = max(t.expires_at for t in tickets)
     for ticket in tickets:
         if ticket.status == TicketStatus.REJECTED and ticket.decision_source == "expiry":
             # Rejected because it expired: the decision is the expiry itself, and runs nothing.
@@ -773,12 +788,12 @@ def _check_before_resume(run: Run, tickets: list[Ticket]) -> None:
             raise _Refusal(
                 f"{REGENERATE}: ticket {ticket.pk} was decided after it expired", RunStatus.EXPIRED
             )
-        # A decision is good until the ticket's expiry; a resume that starts much later must
-        # not act on a stale approval.
-        if now > ticket.expires_at + grace:
+        # A decision is good until the tickets' expiry; a resume that starts much later must
+        # not act on a stale approval. A rejection runs nothing, so it never goes stale.
+        if ticket.status == TicketStatus.APPROVED and now > deadline + grace:
             raise _Refusal(
                 f"{REGENERATE}: ticket {ticket.pk} expired at "
-                f"{ticket.expires_at:%Y-%m-%d %H:%M:%S} UTC before the run could resume",
+                f"{deadline:%Y-%m-%d %H:%M:%S} UTC before the run could resume",
                 RunStatus.EXPIRED,
             )
         if ticket.status == TicketStatus.APPROVED and ticket.decision_source != "rule":
@@ -792,12 +807,22 @@ def _check_before_resume(run: Run, tickets: list[Ticket]) -> None:
             if ticket.is_requested_by(approver):
                 raise _Refusal(f"{REGENERATE}: ticket {ticket.pk} was approved by its requester")
             # Every vote of a quorum counts, so each voter must still hold, not only the last.
-            for vote in ticket.votes.filter(invalidated_at__isnull=True).select_related("user"):
+            votes = list(ticket.votes.filter(invalidated_at__isnull=True).select_related("user"))
+            for vote in votes:
                 voter = membership_for(vote.user, run.tenant_id)
                 if voter is None or not voter.can_decide or ticket.is_requested_by(vote.user):
                     raise _Refusal(
                         f"{REGENERATE}: {vote.user.get_username()}, whose approval counted for "
                         f"ticket {ticket.pk}, may no longer approve"
+                    )
+            # And the quorum itself: a voter whose account was deleted took the vote along.
+            policy = policies.policy_of(ticket)
+            if policy.required_approvals > 1 or policy.group_rules:
+                progress = policies.progress(ticket, policy, votes)
+                if not progress.met:
+                    raise _Refusal(
+                        f"{REGENERATE}: ticket {ticket.pk} no longer has the approvals its "
+                        f"policy needs ({progress.describe()})"
                     )
     if run.schema_version not in SUPPORTED_SCHEMA_VERSIONS:
         raise _Refusal(
@@ -1245,7 +1270,11 @@ def _escalate(ticket: Ticket, policy: ApprovalPolicy, *, now) -> None:
     """The policy's expiry action "escalate": the escalation group decides, with a new window."""
     expires_at = now + policies.escalation_window(policy)
     Ticket.objects.filter(pk=ticket.pk, status=TicketStatus.PENDING).update(
-        escalated_at=now, expires_at=expires_at
+        # Another group decides now: whoever was "on it" is not any more.
+        escalated_at=now,
+        expires_at=expires_at,
+        claimed_by=None,
+        claimed_at=None,
     )
     audit.append(
         tenant_id=ticket.tenant_id,

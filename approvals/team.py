@@ -14,7 +14,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from approvals import audit, crypto, live, presenters, services
+from approvals import audit, crypto, live, policies, presenters, services
 from approvals.models import CLAIM_LAPSE, AuditEvent, Membership, Role, Ticket, TicketStatus
 from approvals.redaction import mask_secrets
 
@@ -265,5 +265,16 @@ def decide_batch(
         except services.DecisionError as error:
             outcomes.append(BatchOutcome(ticket, False, _sentence(str(error))))
         else:
-            outcomes.append(BatchOutcome(decided, True, decided.status))
+            if decided.is_pending:
+                # An approval that counts towards a quorum: recorded, but not decided yet.
+                policy = policies.policy_of(decided)
+                votes = list(decided.votes.select_related("user"))
+                progress = policies.progress(decided, policy, votes)
+                outcomes.append(
+                    BatchOutcome(
+                        decided, False, _sentence(f"approval recorded, {progress.describe()}")
+                    )
+                )
+            else:
+                outcomes.append(BatchOutcome(decided, True, decided.status))
     return outcomes

@@ -266,6 +266,7 @@ def _ticket_context(request: HttpRequest, ticket: Ticket, membership: Membership
         "edited_from": edits.get("from"),
         "edit_changes": _edit_changes(edit) if edit else None,
         "edit_expired": edit is not None and edit.expires_at <= timezone.now(),
+        "may_always": policies.allows_always(policy),
         "form": DecisionForm(),
         **_team_context(ticket, membership),
     }

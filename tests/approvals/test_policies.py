@@ -495,3 +495,140 @@ def test_decide_command_reports_a_vote_towards_the_quorum(world):
         f"ticket {ticket.pk} approval by alice recorded (1 of 2 approvals: alice); "
         f"run {ticket.run_id} is paused"
     )
+
+
+# --- where policies meet the rest -------------------------------------------------------------
+
+
+# The approved tools run in the SDK's thread, which needs committed rows.
+@pytest.mark.django_db(transaction=True)
+def test_an_approval_given_in_time_survives_a_sibling_tickets_escalation(world):
+    from tests.factories import run_agent, two_call_agent
+
+    tenant, p = world
+    result = run_agent("release", "Deploy 2026.07.24", agent=two_call_agent())
+    run = services.pause_run(
+        result, tenant=tenant, agent_key="release", agent_version="1", requested_by=p["requester"]
+    )
+    staging, production = Ticket.objects.filter(run=run).order_by("pk")
+    services.decide(staging, user=p["alice"], approve=True)
+    # Staging was approved in time long ago; production lapsed and was escalated, and is
+    # decided now, well after staging's own expiry (and the resume grace) has passed.
+    long_ago = timezone.now() - timedelta(hours=3)
+    Ticket.objects.filter(pk=staging.pk).update(
+        decided_at=long_ago, expires_at=long_ago + timedelta(minutes=10)
+    )
+    Ticket.objects.filter(pk=production.pk).update(
+        escalated_at=timezone.now(), expires_at=timezone.now() + timedelta(hours=1)
+    )
+    services.decide(production, user=p["bob"], approve=True)
+
+    outcome = services.resume(run_id=run.pk)
+
+    assert outcome.status == RunStatus.COMPLETED, outcome.reason
+    assert sorted(e["environment"] for e in demo.read_effects("deploy_release")) == [
+        "production",
+        "staging",
+    ]
+
+
+def test_an_approval_past_the_whole_generations_expiry_is_still_refused(world):
+    tenant, p = world
+    ticket = new_ticket(tenant, p["requester"])
+    services.decide(ticket, user=p["alice"], approve=True)
+    long_ago = timezone.now() - timedelta(hours=3)
+    Ticket.objects.filter(pk=ticket.pk).update(
+        decided_at=long_ago, expires_at=long_ago + timedelta(minutes=10)
+    )
+
+    outcome = services.resume(run_id=ticket.run_id)
+
+    assert outcome.status == RunStatus.EXPIRED
+    assert demo.read_effects() == []
+
+
+def test_a_quorum_that_lost_a_voter_is_refused_at_resume(world):
+    tenant, p = world
+    set_policy(tenant, p["admin"], required_approvals=2)
+    ticket = new_ticket(tenant, p["requester"])
+    services.decide(ticket, user=p["alice"], approve=True)
+    services.decide(ticket, user=p["bob"], approve=True)
+    # Alice's account is deleted after the quorum was met: her vote goes with it.
+    p["alice"].delete()
+
+    outcome = services.resume(run_id=ticket.run_id)
+
+    assert outcome.status == RunStatus.NEEDS_ATTENTION
+    assert "no longer has the approvals its policy needs" in outcome.reason
+    assert demo.read_effects() == []
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"required_approvals": 2},
+        {
+            "required_approvals": 1,
+            "auto_rules": [
+                {
+                    "argument": "environment",
+                    "op": "eq",
+                    "value": "moon",
+                    "decision": "reject",
+                    "reason": "no such environment",
+                }
+            ],
+        },
+    ],
+    ids=["quorum", "reject-rule"],
+)
+def test_always_is_refused_where_it_would_waive_the_policy(world, values):
+    tenant, p = world
+    set_policy(tenant, p["admin"], **values)
+    ticket = new_ticket(tenant, p["requester"])
+
+    with pytest.raises(services.InvalidDecisionError, match="'always' is not offered"):
+        services.decide(ticket, user=p["alice"], approve=True, always=True)
+
+    assert not TicketVote.objects.exists()
+    assert Ticket.objects.get(pk=ticket.pk).status == TicketStatus.PENDING
+
+
+def test_always_is_offered_under_a_single_approval_policy(world):
+    tenant, p = world
+    ticket = new_ticket(tenant, p["requester"])
+
+    services.decide(ticket, user=p["alice"], approve=True, always=True)
+
+    assert Ticket.objects.get(pk=ticket.pk).always is True
+
+
+def test_a_rule_that_rejects_beats_a_pre_authorisation(world):
+    tenant, p = world
+    set_policy(
+        tenant,
+        p["admin"],
+        auto_rules=[
+            {
+                "argument": "release",
+                "op": "eq",
+                "value": "2026.07.25",
+                "decision": "reject",
+                "reason": "2026.07.25 is withdrawn",
+            }
+        ],
+    )
+    ticket = new_ticket(tenant, p["requester"])
+    services.edit_and_approve(
+        ticket, user=p["alice"], arguments={"environment": "production", "release": "2026.07.25"}
+    )
+
+    services.resume(run_id=ticket.run_id)
+
+    again = Ticket.objects.get(run_id=ticket.run_id, generation=2)
+    assert (again.status, again.decision_source) == (TicketStatus.REJECTED, "rule")
+    assert again.decision_message == "2026.07.25 is withdrawn"
+    assert actions(again)[-1] == "ticket.auto_rejected"
+    from approvals.models import PreAuthorization
+
+    assert PreAuthorization.objects.get(original_ticket=ticket).used_by is None

@@ -373,6 +373,26 @@ def test_batch_self_approval_is_reported_per_ticket(tenant, requester):
     assert Ticket.objects.get(pk=own.pk).status == TicketStatus.PENDING
 
 
+def test_batch_approval_that_only_counts_towards_a_quorum_is_reported_as_a_vote(tenant, requester):
+    admin = member(tenant, Role.ADMIN, username="boss")
+    services.save_policy(
+        tenant=tenant, user=admin, tool_name="deploy_release", required_approvals=2
+    )
+    tickets = releases(tenant, 2, requested_by=requester)
+    alice = member(tenant, Role.APPROVER, username="alice")
+
+    outcomes = team.decide_batch([t.pk for t in tickets], user=alice, approve=True)
+
+    assert [(o.done, o.result) for o in outcomes] == [
+        (False, "Approval recorded, 1 of 2 approvals: alice."),
+        (False, "Approval recorded, 1 of 2 approvals: alice."),
+    ]
+    assert set(Ticket.objects.values_list("status", flat=True)) == {TicketStatus.PENDING}
+    bob = member(tenant, Role.APPROVER, username="bob")
+    second = team.decide_batch([t.pk for t in tickets], user=bob, approve=True)
+    assert [(o.done, o.result) for o in second] == [(True, "approved"), (True, "approved")]
+
+
 def test_batch_reject_sends_the_message_to_each(tenant, requester):
     tickets = releases(tenant, 3, requested_by=requester)
 

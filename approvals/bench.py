@@ -573,6 +573,8 @@ def load_page_data(
                         TicketStatus.PENDING,
                         "",
                         False,
+                        "",
+                        "",
                     )
 
             _copy(
@@ -592,6 +594,9 @@ def load_page_data(
                     "status",
                     "decision_message",
                     "always",
+                    # Decided by a person, rule or expiry (policies); blank while pending.
+                    "decision_source",
+                    "decision_reason",
                 ],
                 ticket_rows(),
             )

@@ -13,11 +13,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import threading
 from typing import Any
 
-from asgiref.sync import async_to_sync
+from asgiref.sync import SyncToAsync, async_to_sync
 from channels.db import database_sync_to_async
-from channels.layers import InMemoryChannelLayer, get_channel_layer
+from channels.layers import (
+    DEFAULT_CHANNEL_LAYER,
+    InMemoryChannelLayer,
+    channel_layers,
+    get_channel_layer,
+)
 from django.conf import settings
 from django.db import transaction
 
@@ -52,11 +59,62 @@ def _shared_layer():
     return layer
 
 
+class _SenderLoop:
+    """The process's own event loop, in a daemon thread, for hints sent from synchronous code.
+
+    async_to_sync in a thread without an event loop (a worker, a command) starts a fresh loop
+    for every call, and channels-redis keeps its connections per loop: every hint would open
+    and close a Redis connection. Sending through one long-lived loop keeps one connection. It
+    has its own instance of the channel layer, so nothing else ever touches those connections
+    from another loop.
+    """
+
+    TIMEOUT = 2.0
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._layer = None
+        self._pid = 0
+
+    def _started(self):
+        with self._lock:
+            # A forked child inherits the attributes but not the thread: start its own.
+            if self._loop is None or self._pid != os.getpid():
+                loop = asyncio.new_event_loop()
+                threading.Thread(target=loop.run_forever, name="live-hints", daemon=True).start()
+                self._loop, self._pid = loop, os.getpid()
+                self._layer = channel_layers.make_backend(DEFAULT_CHANNEL_LAYER)
+            return self._loop, self._layer
+
+    def send(self, group: str, message: dict[str, Any]) -> None:
+        loop, layer = self._started()
+        future = asyncio.run_coroutine_threadsafe(layer.group_send(group, message), loop)
+        future.result(timeout=self.TIMEOUT)
+
+
+_sender = _SenderLoop()
+
+
+def _in_async_server() -> bool:
+    """True in a thread that an ASGI server's loop lent to synchronous code (a view)."""
+    local = SyncToAsync.threadlocal
+    return (
+        getattr(local, "main_event_loop", None) is not None
+        and getattr(local, "main_event_loop_pid", None) == os.getpid()
+    )
+
+
 def _send(tenant_id: int, message: dict[str, Any]) -> None:
     try:
         layer = _shared_layer()
-        if layer is not None:
+        if layer is None:
+            return
+        if _in_async_server():
+            # The server's own loop already holds the layer's connections.
             async_to_sync(layer.group_send)(tenant_group(tenant_id), message)
+        else:
+            _sender.send(tenant_group(tenant_id), message)
     except Exception:
         # Live updates are a convenience; pages still show the truth on the next load.
         logger.warning("live update for tenant %s not delivered", tenant_id, exc_info=True)

@@ -260,11 +260,17 @@ class Facts:
 
 
 def facts_for(audit_event: AuditEvent, event: str) -> Facts:
-    tenant = Tenant.objects.only("slug", "name").get(pk=audit_event.tenant_id)
+    # One query: the run with its tenant (most events name a run), else the tenant alone.
     run = (
-        Run.objects.only("title", "requested_by_id").filter(pk=audit_event.run_id).first()
+        Run.objects.select_related("tenant")
+        .only("title", "requested_by_id", "tenant__slug", "tenant__name")
+        .filter(pk=audit_event.run_id, tenant_id=audit_event.tenant_id)
+        .first()
         if audit_event.run_id
         else None
+    )
+    tenant = (
+        run.tenant if run else Tenant.objects.only("slug", "name").get(pk=audit_event.tenant_id)
     )
     return Facts(
         event=event,

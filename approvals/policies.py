@@ -49,12 +49,18 @@ def current_for_scope(tenant_id: int, agent_key: str, tool_name: str) -> Approva
 
 def resolve(tenant_id: int, agent_key: str, tool_name: str) -> ApprovalPolicy:
     """The most specific current policy: agent+tool, then tool alone, then agent alone, then the
-    tenant's default, then the built-in default."""
-    scopes = ((agent_key, tool_name), ("", tool_name), (agent_key, ""), ("", ""))
-    for agent, tool in dict.fromkeys(scopes):
-        found = current_for_scope(tenant_id, agent, tool)
-        if found is not None:
-            return found
+    tenant's default, then the built-in default. One query for all four scopes."""
+    scopes = list(
+        dict.fromkeys(((agent_key, tool_name), ("", tool_name), (agent_key, ""), ("", "")))
+    )
+    current: dict[tuple[str, str], ApprovalPolicy] = {}
+    for policy in ApprovalPolicy.objects.filter(
+        tenant_id=tenant_id, agent_key__in={agent_key, ""}, tool_name__in={tool_name, ""}
+    ).order_by("-version"):
+        current.setdefault((policy.agent_key, policy.tool_name), policy)
+    for scope in scopes:
+        if scope in current:
+            return current[scope]
     return builtin_policy(tenant_id)
 
 

@@ -196,7 +196,7 @@ def _title_from(original_input: Any) -> str:
     return "[redacted]" if secret_shape(text) else text[:200]
 
 
-def _create_tickets(run: Run, interruptions, *, requested_by, now) -> list[Ticket]:
+def _create_tickets(run: Run, interruptions, *, requested_by, now, resumed: bool) -> list[Ticket]:
     tickets = []
     for item in interruptions:
         raw = item.arguments
@@ -235,11 +235,12 @@ def _create_tickets(run: Run, interruptions, *, requested_by, now) -> list[Ticke
             },
         )
         live.notify_on_commit(run.tenant_id, "ticket.created", ticket=ticket.pk, run=run.pk)
-    _decide_automatically(run, tickets, now=now)
+    # Only a resumed run can meet a pre-authorisation: one belongs to a ticket of its run.
+    _decide_automatically(run, tickets, now=now, preauthorised=resumed)
     return tickets
 
 
-def _decide_automatically(run: Run, tickets: list[Ticket], *, now) -> None:
+def _decide_automatically(run: Run, tickets: list[Ticket], *, now, preauthorised: bool) -> None:
     """Offer each new ticket to the automatic deciders; queue the run if none is left pending.
 
     The policy's rules on argument values come first: a call a rule rejects is rejected even if
@@ -257,7 +258,7 @@ def _decide_automatically(run: Run, tickets: list[Ticket], *, now) -> None:
             _record_automatic(ticket, choice, now=now)
             decided = True
             continue
-        pre = preauth.candidate(run, ticket, now=now)
+        pre = preauth.candidate(run, ticket, now=now) if preauthorised else None
         if (
             pre is not None
             and not policies.refusal_for(pre.created_by, ticket, policy)
@@ -406,7 +407,7 @@ def pause_run(
                 "session": ref.backend or "none",
             },
         )
-        _create_tickets(run, interruptions, requested_by=requested_by, now=now)
+        _create_tickets(run, interruptions, requested_by=requested_by, now=now, resumed=False)
     return run
 
 
@@ -1009,7 +1010,9 @@ def _store_new_pause(run: Run, result, spec: registry.AgentSpec) -> bool:
             outcome=RunStatus.PAUSED,
             detail={"tickets": len(result.interruptions), "generation": generation},
         )
-        _create_tickets(locked, result.interruptions, requested_by=run.requested_by, now=now)
+        _create_tickets(
+            locked, result.interruptions, requested_by=run.requested_by, now=now, resumed=True
+        )
         live.notify_on_commit(run.tenant_id, "run.changed", run=run.pk, status=RunStatus.PAUSED)
     return True
 

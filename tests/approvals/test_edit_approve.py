@@ -672,6 +672,17 @@ def test_preauthorisation_is_one_vote_under_a_quorum_of_two(setup, model_calls):
     assert (event.ticket_id, event.actor_name, event.outcome) == (new.pk, "approver", "pending")
     assert event.detail["progress"].startswith("1 of 2 approvals")
     assert PreAuthorization.objects.get(original_ticket=ticket).used_by == new
+    # The page of the waiting ticket says where it came from, with the diff.
+    from django.test import Client
+
+    viewer = Client()
+    viewer.force_login(second)
+    page = viewer.get(reverse("approvals:ticket", args=[new.pk])).content.decode()
+    assert "Pre-authorised by approver:" in page
+    assert f'edited from <a href="/tickets/{ticket.pk}/">ticket #{ticket.pk}</a>' in page
+    assert "2026.07.25" in page and "1 of 2 approvals: approver" in page
+    timeline = viewer.get(reverse("approvals:run", args=[run.pk])).content.decode()
+    assert "Pre-authorised edit counted towards the quorum" in timeline
 
     # The editor cannot add a second vote; another approver completes the quorum.
     with pytest.raises(services.AlreadyVotedError):

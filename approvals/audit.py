@@ -91,6 +91,30 @@ def append(
     return event
 
 
+def append_for_ticket(
+    ticket,
+    *,
+    action: str,
+    actor=None,
+    actor_name: str = "",
+    outcome: str = "",
+    detail: dict[str, Any] | None = None,
+) -> AuditEvent:
+    """append() for an event about one ticket: its tenant, run, tool and argument digest."""
+    return append(
+        tenant_id=ticket.tenant_id,
+        action=action,
+        actor=actor,
+        actor_name=actor_name,
+        run_id=ticket.run_id,
+        ticket_id=ticket.pk,
+        tool_name=ticket.tool_name,
+        arguments_digest=ticket.arguments_digest,
+        outcome=outcome,
+        detail=detail,
+    )
+
+
 def _committed(event: AuditEvent) -> None:
     from approvals.signals import audit_event_committed
 

@@ -289,14 +289,10 @@ def approve(run: Run, ticket: Ticket, pre: PreAuthorization, *, now, detail=None
     ticket.decided_by = author
     ticket.decided_at = now
     ticket.decision_message = message
-    audit.append(
-        tenant_id=run.tenant_id,
+    audit.append_for_ticket(
+        ticket,
         action="ticket.preauthorised",
         actor=author,
-        run_id=run.pk,
-        ticket_id=ticket.pk,
-        tool_name=ticket.tool_name,
-        arguments_digest=ticket.arguments_digest,
         outcome=TicketStatus.APPROVED,
         detail={**_audit_detail(pre), **(detail or {})},
     )
@@ -309,14 +305,10 @@ def count_as_vote(run: Run, ticket: Ticket, pre: PreAuthorization, *, progress: 
     """The pre-authorisation gave the author's approval, but the ticket's policy needs more
     people: the ticket stays pending with that vote. Audit event ticket.preauthorised (outcome
     pending) and a live hint."""
-    audit.append(
-        tenant_id=run.tenant_id,
+    audit.append_for_ticket(
+        ticket,
         action="ticket.preauthorised",
         actor=pre.created_by,
-        run_id=run.pk,
-        ticket_id=ticket.pk,
-        tool_name=ticket.tool_name,
-        arguments_digest=ticket.arguments_digest,
         outcome=TicketStatus.PENDING,
         detail={**_audit_detail(pre), "progress": progress},
     )

@@ -219,14 +219,10 @@ def _create_tickets(run: Run, interruptions, *, requested_by, now, resumed: bool
             )
         )
     for ticket in tickets:
-        audit.append(
-            tenant_id=run.tenant_id,
+        audit.append_for_ticket(
+            ticket,
             action="ticket.created",
             actor=requested_by,
-            run_id=run.pk,
-            ticket_id=ticket.pk,
-            tool_name=ticket.tool_name,
-            arguments_digest=ticket.arguments_digest,
             outcome="pending",
             detail={
                 "expires_at": ticket.expires_at.isoformat(),
@@ -289,14 +285,10 @@ def _record_automatic(ticket: Ticket, choice: policies.AutoDecision, *, now) -> 
         decision_reason=reason,
     )
     ticket.refresh_from_db()
-    audit.append(
-        tenant_id=ticket.tenant_id,
+    audit.append_for_ticket(
+        ticket,
         action="ticket.auto_approved" if choice.approve else "ticket.auto_rejected",
         actor_name="policy",
-        run_id=ticket.run_id,
-        ticket_id=ticket.pk,
-        tool_name=ticket.tool_name,
-        arguments_digest=ticket.arguments_digest,
         outcome=status,
         detail={
             "rule": choice.rule,
@@ -527,14 +519,10 @@ def decide(
         if approve:
             progress = _vote(current, policy, user=user, now=now)
             if not progress.met:
-                audit.append(
-                    tenant_id=ticket.tenant_id,
+                audit.append_for_ticket(
+                    ticket,
                     action="ticket.vote",
                     actor=user,
-                    run_id=run.pk,
-                    ticket_id=ticket.pk,
-                    tool_name=ticket.tool_name,
-                    arguments_digest=ticket.arguments_digest,
                     outcome="pending",
                     detail={"progress": progress.describe(), "policy": policy.version},
                 )
@@ -549,14 +537,10 @@ def decide(
         if approve and (progress.count > 1 or policy.group_rules):
             detail["voters"] = progress.voters
             detail["policy"] = policy.version
-        audit.append(
-            tenant_id=ticket.tenant_id,
+        audit.append_for_ticket(
+            ticket,
             action=f"ticket.{status}",
             actor=user,
-            run_id=run.pk,
-            ticket_id=ticket.pk,
-            tool_name=ticket.tool_name,
-            arguments_digest=ticket.arguments_digest,
             outcome=status,
             detail=detail,
         )
@@ -673,14 +657,10 @@ def edit_and_approve(
             created_at=now,
             expires_at=now + policies.time_to_live(policy),
         )
-        audit.append(
-            tenant_id=ticket.tenant_id,
+        audit.append_for_ticket(
+            ticket,
             action="ticket.edited",
             actor=user,
-            run_id=run.pk,
-            ticket_id=ticket.pk,
-            tool_name=ticket.tool_name,
-            arguments_digest=ticket.arguments_digest,
             outcome=TicketStatus.REJECTED,
             detail={
                 "edited_digest": digest,
@@ -1194,14 +1174,10 @@ def reap(*, now=None) -> ReapReport:
                     status=TicketStatus.EXPIRED
                 )
             for ticket in to_expire:
-                audit.append(
-                    tenant_id=run.tenant_id,
+                audit.append_for_ticket(
+                    ticket,
                     action="ticket.expired",
                     actor_name="reaper",
-                    run_id=run.pk,
-                    ticket_id=ticket.pk,
-                    tool_name=ticket.tool_name,
-                    arguments_digest=ticket.arguments_digest,
                     outcome=TicketStatus.EXPIRED,
                 )
             if to_expire and run.status == RunStatus.PAUSED:
@@ -1249,14 +1225,10 @@ def _reject_on_expiry(ticket: Ticket, policy: ApprovalPolicy, *, now) -> None:
         decision_source="expiry",
         decision_reason=f"not decided by {ticket.expires_at:%Y-%m-%d %H:%M:%S} UTC",
     )
-    audit.append(
-        tenant_id=ticket.tenant_id,
+    audit.append_for_ticket(
+        ticket,
         action="ticket.rejected",
         actor_name="reaper",
-        run_id=ticket.run_id,
-        ticket_id=ticket.pk,
-        tool_name=ticket.tool_name,
-        arguments_digest=ticket.arguments_digest,
         outcome=TicketStatus.REJECTED,
         detail={"by": "expiry", "message": message[:MAX_MESSAGE_CHARS], "policy": policy.version},
     )
@@ -1279,14 +1251,10 @@ def _escalate(ticket: Ticket, policy: ApprovalPolicy, *, now) -> None:
         claimed_by=None,
         claimed_at=None,
     )
-    audit.append(
-        tenant_id=ticket.tenant_id,
+    audit.append_for_ticket(
+        ticket,
         action="ticket.escalated",
         actor_name="reaper",
-        run_id=ticket.run_id,
-        ticket_id=ticket.pk,
-        tool_name=ticket.tool_name,
-        arguments_digest=ticket.arguments_digest,
         outcome=TicketStatus.PENDING,
         detail={
             "group": policy.escalation_group,
@@ -1586,14 +1554,10 @@ def _move_pending_tickets(policy: ApprovalPolicy, *, user, now) -> int:
             invalidated_at=now, invalidated_reason=reason
         )
         noun = "approval" if len(votes) == 1 else "approvals"
-        audit.append(
-            tenant_id=ticket.tenant_id,
+        audit.append_for_ticket(
+            ticket,
             action="ticket.votes_invalidated",
             actor=user,
-            run_id=ticket.run_id,
-            ticket_id=ticket.pk,
-            tool_name=ticket.tool_name,
-            arguments_digest=ticket.arguments_digest,
             outcome=TicketStatus.PENDING,
             detail={
                 "voters": [v.user.get_username() for v in votes],

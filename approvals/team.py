@@ -101,13 +101,10 @@ def claim(ticket: Ticket, *, user, take_over: bool = False) -> Ticket:
             raise NotClaimableError("this ticket changed while you claimed it; try again")
         if not renewal:
             took_over = previous.get_username() if previous is not None else ""
-            audit.append(
-                tenant_id=ticket.tenant_id,
+            audit.append_for_ticket(
+                ticket,
                 action="ticket.claimed",
                 actor=user,
-                run_id=ticket.run_id,
-                ticket_id=ticket.pk,
-                tool_name=ticket.tool_name,
                 detail={"took_over_from": took_over} if took_over else {},
             )
             _hint(ticket)
@@ -129,13 +126,10 @@ def release(ticket: Ticket, *, user) -> Ticket:
         )
         if not won:
             raise NotClaimableError("you are not on this ticket, so there is nothing to release")
-        audit.append(
-            tenant_id=ticket.tenant_id,
+        audit.append_for_ticket(
+            ticket,
             action="ticket.released",
             actor=user,
-            run_id=ticket.run_id,
-            ticket_id=ticket.pk,
-            tool_name=ticket.tool_name,
         )
         _hint(ticket)
     ticket.refresh_from_db()
@@ -166,13 +160,10 @@ def comment(ticket: Ticket, *, user, text: str) -> AuditEvent:
     if len(text) > MAX_COMMENT_CHARS:
         raise CommentError(f"the comment is {len(text)} characters; at most {MAX_COMMENT_CHARS}")
     with transaction.atomic():
-        event = audit.append(
-            tenant_id=ticket.tenant_id,
+        event = audit.append_for_ticket(
+            ticket,
             action="ticket.commented",
             actor=user,
-            run_id=ticket.run_id,
-            ticket_id=ticket.pk,
-            tool_name=ticket.tool_name,
             detail={"text": mask_secrets(text)},
         )
         _hint(ticket)

@@ -303,11 +303,11 @@ def approve(run: Run, ticket: Ticket, pre: PreAuthorization, *, now, detail=None
 
 def count_as_vote(run: Run, ticket: Ticket, pre: PreAuthorization, *, progress: str) -> None:
     """The pre-authorisation gave the author's approval, but the ticket's policy needs more
-    people: the ticket stays pending with that vote. Audit event ticket.preauthorised (outcome
-    pending) and a live hint."""
+    people: the ticket stays pending with that vote. Audit event ticket.vote (outcome pending,
+    the detail naming the pre-authorisation) and a live hint."""
     audit.append_for_ticket(
         ticket,
-        action="ticket.preauthorised",
+        action="ticket.vote",
         actor=pre.created_by,
         outcome=TicketStatus.PENDING,
         detail={**_audit_detail(pre), "progress": progress},

@@ -614,19 +614,12 @@ ACTION_LABELS = {
 }
 
 
-def _label(event: AuditEvent) -> str:
-    # A pre-authorised call under a larger quorum is one vote, not yet an approval.
-    if event.action == "ticket.preauthorised" and event.outcome == TicketStatus.PENDING:
-        return "Pre-authorised edit counted towards the quorum"
-    return ACTION_LABELS.get(event.action, event.action)
-
-
 def _timeline(run: Run) -> list[dict]:
     events = AuditEvent.objects.filter(tenant_id=run.tenant_id, run_id=run.pk).order_by("seq")
     return [
         {
             "event": event,
-            "label": _label(event),
+            "label": ACTION_LABELS.get(event.action, event.action),
             "tone": event.action.split(".")[-1],
         }
         for event in events

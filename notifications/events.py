@@ -29,7 +29,4 @@ def event_for(audit_event: AuditEvent) -> str | None:
     # An expiry that rejects (policies) is a ticket.rejected written by the expiry.
     if audit_event.action == "ticket.rejected" and detail.get("by") == "expiry":
         return Event.TICKET_EXPIRED
-    # A pre-authorisation that is one vote of a larger quorum decides nothing yet.
-    if audit_event.action == "ticket.preauthorised" and audit_event.outcome == "pending":
-        return None
     return ACTIONS.get(audit_event.action)

@@ -668,8 +668,12 @@ def test_preauthorisation_is_one_vote_under_a_quorum_of_two(setup, model_calls):
     new = Ticket.objects.get(run=run, generation=2)
     assert (run.status, new.status) == (RunStatus.PAUSED, TicketStatus.PENDING)
     assert list(new.votes.values_list("user__username", flat=True)) == ["approver"]
-    event = AuditEvent.objects.get(action="ticket.preauthorised")
-    assert (event.ticket_id, event.actor_name, event.outcome) == (new.pk, "approver", "pending")
+    # A vote, named as coming from the pre-authorisation; not an approval.
+    assert not AuditEvent.objects.filter(action="ticket.preauthorised").exists()
+    event = AuditEvent.objects.get(action="ticket.vote", ticket_id=new.pk)
+    assert (event.actor_name, event.outcome) == ("approver", "pending")
+    assert event.detail["preauthorised_by"] == "approver"
+    assert event.detail["original_ticket"] == ticket.pk
     assert event.detail["progress"].startswith("1 of 2 approvals")
     assert PreAuthorization.objects.get(original_ticket=ticket).used_by == new
     # The page of the waiting ticket says where it came from, with the diff.
@@ -682,7 +686,8 @@ def test_preauthorisation_is_one_vote_under_a_quorum_of_two(setup, model_calls):
     assert f'edited from <a href="/tickets/{ticket.pk}/">ticket #{ticket.pk}</a>' in page
     assert "2026.07.25" in page and "1 of 2 approvals: approver" in page
     timeline = viewer.get(reverse("approvals:run", args=[run.pk])).content.decode()
-    assert "Pre-authorised edit counted towards the quorum" in timeline
+    assert "Approval counted towards the quorum" in timeline
+    assert f'Pre-authorised by approver: edited from <a href="/tickets/{ticket.pk}/">' in timeline
 
     # The editor cannot add a second vote; another approver completes the quorum.
     with pytest.raises(services.AlreadyVotedError):

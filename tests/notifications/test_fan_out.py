@@ -40,7 +40,6 @@ def deliveries(endpoint) -> list[tuple[str, str]]:
         ("ticket.auto_approved", {}, "", Event.TICKET_DECIDED),
         ("ticket.auto_rejected", {}, "", Event.TICKET_DECIDED),
         ("ticket.preauthorised", {}, "approved", Event.TICKET_DECIDED),
-        ("ticket.preauthorised", {}, "pending", None),
         ("ticket.edited", {}, "rejected", Event.TICKET_DECIDED),
         ("ticket.expired", {}, "", Event.TICKET_EXPIRED),
         ("ticket.escalated", {}, "", Event.TICKET_ESCALATED),

@@ -7,18 +7,15 @@ database (its name must contain "bench"), dropped and recreated at the start of 
 from __future__ import annotations
 
 import asyncio
-import http.client
 import io
 import json
 import os
 import statistics
 import time
-import urllib.parse
 from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
-from http.cookies import SimpleCookie
 from pathlib import Path
 from typing import Any
 
@@ -116,54 +113,6 @@ def sessions_opened() -> int:
 def subprocess_env(**extra: str) -> dict[str, str]:
     """A bench child: the parent's database and keys, production-like DEBUG, quiet logs."""
     return child_env(**{"DJANGO_DEBUG": "0", "LOG_LEVEL": "WARNING", **extra})
-
-
-@dataclass
-class HttpClient:
-    """One signed-in person over http.client: cookies kept, CSRF token sent back."""
-
-    base_url: str
-    cookies: dict[str, str] = field(default_factory=dict)
-    conn: http.client.HTTPConnection | None = None
-
-    def request(self, method: str, path: str, form: dict | None = None) -> tuple[int, str]:
-        parts = urllib.parse.urlsplit(self.base_url)
-        headers = {"Host": parts.netloc}
-        if self.cookies:
-            headers["Cookie"] = "; ".join(f"{k}={v}" for k, v in self.cookies.items())
-        body = None
-        if method == "POST":
-            headers["X-CSRFToken"] = self.cookies.get("csrftoken", "")
-            headers["Content-Type"] = "application/x-www-form-urlencoded"
-            body = urllib.parse.urlencode(form or {})
-        for attempt in (1, 2):
-            if self.conn is None:
-                self.conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
-            try:
-                self.conn.request(method, path, body=body, headers=headers)
-                raw = self.conn.getresponse()
-                data = raw.read().decode(errors="replace")
-                break
-            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
-                self.conn.close()
-                self.conn = None
-                if attempt == 2:
-                    raise
-        for value in raw.headers.get_all("Set-Cookie") or []:
-            cookie = SimpleCookie()
-            cookie.load(value)
-            for name, morsel in cookie.items():
-                self.cookies[name] = morsel.value
-        if raw.getheader("Connection", "").lower() == "close":
-            self.conn.close()
-            self.conn = None
-        return raw.status, data
-
-    def login(self, username: str, password: str) -> None:
-        self.request("GET", "/login/")
-        status, _ = self.request("POST", "/login/", {"username": username, "password": password})
-        if status != 302:
-            raise RuntimeError(f"sign-in of {username} at {self.base_url} answered {status}")
 
 
 # --- cloning one real paused run --------------------------------------------------------------

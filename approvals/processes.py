@@ -3,7 +3,7 @@
 One home for what the benchmark, the fault runs and the browser tests all need: the environment
 a child must share with its parent (database, key ring, secret key, effect log), output in a file
 (a chatty process must never block on a full pipe), a free port, and waiting until a web server
-answers.
+answers, and a signed-in client for it.
 """
 
 from __future__ import annotations
@@ -17,7 +17,9 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.parse
 from dataclasses import dataclass, field
+from http.cookies import SimpleCookie
 from pathlib import Path
 
 from django.conf import settings
@@ -159,3 +161,86 @@ def start_web(
     url = f"http://127.0.0.1:{port}"
     wait_for_http(url, server)
     return url, server
+
+
+# --- a browser-like client on the standard library ----------------------------------------
+
+
+@dataclass
+class Response:
+    status: int
+    headers: dict[str, str]
+    body: str
+
+
+@dataclass
+class ConsoleClient:
+    """One signed-in person: keeps cookies, sends the CSRF cookie back as X-CSRFToken."""
+
+    base_url: str
+    timeout: float = 30
+    cookies: dict[str, str] = field(default_factory=dict)
+    _conn: http.client.HTTPConnection | None = None
+
+    def _connection(self) -> http.client.HTTPConnection:
+        if self._conn is None:
+            parts = urllib.parse.urlsplit(self.base_url)
+            self._conn = http.client.HTTPConnection(
+                parts.hostname, parts.port, timeout=self.timeout
+            )
+        return self._conn
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def request(self, method: str, path: str, form: dict[str, str] | None = None) -> Response:
+        headers = {"Host": urllib.parse.urlsplit(self.base_url).netloc}
+        if self.cookies:
+            headers["Cookie"] = "; ".join(f"{k}={v}" for k, v in self.cookies.items())
+        body = None
+        if method == "POST":
+            headers["X-CSRFToken"] = self.cookies.get("csrftoken", "")
+            headers["Content-Type"] = "application/x-www-form-urlencoded"
+            body = urllib.parse.urlencode(form or {})
+        for attempt in (1, 2):
+            conn = self._connection()
+            try:
+                conn.request(method, path, body=body, headers=headers)
+                raw = conn.getresponse()
+                data = raw.read().decode(errors="replace")
+                break
+            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
+                # A kept-alive connection the server closed between requests: reconnect once.
+                self.close()
+                if attempt == 2:
+                    raise
+        for value in raw.headers.get_all("Set-Cookie") or []:
+            cookie = SimpleCookie()
+            cookie.load(value)
+            for name, morsel in cookie.items():
+                self.cookies[name] = morsel.value
+        if raw.getheader("Connection", "").lower() == "close":
+            self.close()
+        return Response(raw.status, {k.lower(): v for k, v in raw.getheaders()}, data)
+
+    def get(self, path: str) -> Response:
+        return self.request("GET", path)
+
+    def post(self, path: str, form: dict[str, str] | None = None) -> Response:
+        return self.request("POST", path, form)
+
+    def login(self, username: str, password: str) -> None:
+        page = self.get("/login/")
+        answer = self.post("/login/", {"username": username, "password": password})
+        if page.status != 200 or answer.status != 302 or "sessionid" not in self.cookies:
+            raise RuntimeError(
+                f"sign-in of {username} at {self.base_url}: the form answered {page.status}, "
+                f"the sign-in {answer.status}"
+            )
+
+    def decide(self, ticket_id: int, decision: str = "approve", message: str = "") -> Response:
+        return self.post(
+            f"/tickets/{ticket_id}/decide/", {"decision": decision, "message": message}
+        )

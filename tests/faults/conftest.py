@@ -8,21 +8,17 @@ a stdlib HTTP client that signs in like a browser, and PostgreSQL helpers that k
 from __future__ import annotations
 
 import contextlib
-import http.client
 import os
 import re
 import time
-import urllib.parse
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from http.cookies import SimpleCookie
 from pathlib import Path
 
 import pytest
 from django.contrib.auth.hashers import PBKDF2PasswordHasher
 from django.db import connection
 
-from approvals.processes import Proc, Processes, free_port, wait_for_http
+from approvals.processes import Proc, Processes, Response, free_port, wait_for_http
 from tests.conftest import subprocess_env
 
 FAULTS_DIR = Path(__file__).resolve().parent
@@ -101,87 +97,6 @@ class FastPBKDF2PasswordHasher(PBKDF2PasswordHasher):
 def server_passwords(settings):
     """Users made by this test can sign in through a server process."""
     settings.PASSWORD_HASHERS = ["tests.faults.conftest.FastPBKDF2PasswordHasher"]
-
-
-# --- a browser-like client on the standard library -----------------------------------------
-
-
-@dataclass
-class Response:
-    status: int
-    headers: dict[str, str]
-    body: str
-
-
-@dataclass
-class ConsoleClient:
-    """One signed-in person: keeps cookies, sends the CSRF cookie back as X-CSRFToken."""
-
-    base_url: str
-    timeout: float = 30
-    cookies: dict[str, str] = field(default_factory=dict)
-    _conn: http.client.HTTPConnection | None = None
-
-    def _connection(self) -> http.client.HTTPConnection:
-        if self._conn is None:
-            parts = urllib.parse.urlsplit(self.base_url)
-            self._conn = http.client.HTTPConnection(
-                parts.hostname, parts.port, timeout=self.timeout
-            )
-        return self._conn
-
-    def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
-
-    def request(self, method: str, path: str, form: dict[str, str] | None = None) -> Response:
-        headers = {"Host": urllib.parse.urlsplit(self.base_url).netloc}
-        if self.cookies:
-            headers["Cookie"] = "; ".join(f"{k}={v}" for k, v in self.cookies.items())
-        body = None
-        if method == "POST":
-            headers["X-CSRFToken"] = self.cookies.get("csrftoken", "")
-            headers["Content-Type"] = "application/x-www-form-urlencoded"
-            body = urllib.parse.urlencode(form or {})
-        for attempt in (1, 2):
-            conn = self._connection()
-            try:
-                conn.request(method, path, body=body, headers=headers)
-                raw = conn.getresponse()
-                data = raw.read().decode(errors="replace")
-                break
-            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
-                # A kept-alive connection the server closed between requests: reconnect once.
-                self.close()
-                if attempt == 2:
-                    raise
-        for value in raw.headers.get_all("Set-Cookie") or []:
-            cookie = SimpleCookie()
-            cookie.load(value)
-            for name, morsel in cookie.items():
-                self.cookies[name] = morsel.value
-        if raw.getheader("Connection", "").lower() == "close":
-            self.close()
-        return Response(raw.status, {k.lower(): v for k, v in raw.getheaders()}, data)
-
-    def get(self, path: str) -> Response:
-        return self.request("GET", path)
-
-    def post(self, path: str, form: dict[str, str] | None = None) -> Response:
-        return self.request("POST", path, form)
-
-    def login(self, username: str, password: str) -> None:
-        page = self.get("/login/")
-        assert page.status == 200, page.status
-        answer = self.post("/login/", {"username": username, "password": password})
-        assert answer.status == 302, f"sign-in of {username} answered {answer.status}"
-        assert "sessionid" in self.cookies
-
-    def decide(self, ticket_id: int, decision: str = "approve", message: str = "") -> Response:
-        return self.post(
-            f"/tickets/{ticket_id}/decide/", {"decision": decision, "message": message}
-        )
 
 
 def no_traceback(response: Response) -> bool:

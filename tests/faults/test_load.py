@@ -39,9 +39,10 @@ from approvals.models import (
     Ticket,
     TicketStatus,
 )
+from approvals.processes import ConsoleClient
 from tests.conftest import subprocess_env
 from tests.factories import PASSWORD, TenantFactory, UserFactory, member, paused_run
-from tests.faults.conftest import ConsoleClient, require_postgres, start_console, wait_until
+from tests.faults.conftest import require_postgres, start_console, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.faults, pytest.mark.slow]
 

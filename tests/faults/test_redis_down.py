@@ -22,9 +22,10 @@ import pytest
 
 from approvals import audit, demo
 from approvals.models import AuditEvent, IdempotencyRecord, LedgerStatus, Run, RunStatus, Ticket
+from approvals.processes import ConsoleClient
 from tests.conftest import subprocess_env
 from tests.factories import PASSWORD, TenantFactory, member, paused_run
-from tests.faults.conftest import ConsoleClient, free_port, start_console, wait_until
+from tests.faults.conftest import free_port, start_console, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.faults, pytest.mark.slow]
 

@@ -98,6 +98,9 @@ def policy_edit(request: HttpRequest) -> HttpResponse:
                     tool_name=tool_name,
                     **form.policy_values(),
                 )
+            except services.PolicyUnchanged as unchanged:
+                messages.info(request, str(unchanged).capitalize() + ".")
+                return redirect(_edit_url(tenant, agent_key, tool_name))
             except services.PolicyError as error:
                 form.add_error(None, str(error).capitalize() + ".")
             else:

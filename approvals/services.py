@@ -1434,6 +1434,14 @@ class PolicyError(Exception):
     """A policy or group change was refused; nothing was written."""
 
 
+class PolicyUnchanged(PolicyError):
+    """The values are those of the current version: no new version, no approvals invalidated."""
+
+    def __init__(self, policy: ApprovalPolicy) -> None:
+        super().__init__(f"nothing changed: {policy.scope_label} stays at v{policy.version}")
+        self.policy = policy
+
+
 POLICY_FIELDS = (
     "required_approvals",
     "group_rules",
@@ -1465,7 +1473,8 @@ def save_policy(
     Side effects, in one transaction: a new immutable ApprovalPolicy row (version + 1); audit
     event policy.changed with the fields that changed; every pending ticket the new version now
     governs moves to it, and the approvals given under the old version are invalidated (audit
-    ticket.votes_invalidated, live hint ticket.changed). Raises PolicyError, writing nothing.
+    ticket.votes_invalidated, live hint ticket.changed). Raises PolicyError (PolicyUnchanged
+    when the values are the current version's), writing nothing.
     """
     _require_admin(user, tenant.pk)
     unknown = set(values) - set(POLICY_FIELDS)
@@ -1494,7 +1503,7 @@ def save_policy(
         previous = policies.current_for_scope(tenant.pk, agent_key, tool_name)
         before = previous or policies.builtin_policy(tenant.pk)
         now = timezone.now()
-        policy = ApprovalPolicy.objects.create(
+        policy = ApprovalPolicy(
             tenant=tenant,
             agent_key=agent_key,
             tool_name=tool_name,
@@ -1508,6 +1517,10 @@ def save_policy(
             for name in POLICY_FIELDS
             if getattr(before, name) != getattr(policy, name)
         }
+        # Saving the same values again must not cost pending tickets their approvals.
+        if previous is not None and not changes:
+            raise PolicyUnchanged(previous)
+        policy.save()
         moved = _move_pending_tickets(policy, user=user, now=now)
         audit.append(
             tenant_id=tenant.pk,

@@ -98,6 +98,22 @@ def test_policies_admin_saves_two_approvals_as_a_new_version_each_time(client, w
     assert "v1</strong> by boss" in page
 
 
+def test_policies_saving_the_same_values_again_writes_no_version_and_keeps_approvals(client, world):
+    client.force_login(world["admin"])
+    client.post(EDIT, form())
+    ticket = Ticket.objects.get(run=paused_run(world["tenant"], requested_by=world["requester"]))
+    services.decide(ticket, user=world["alice"], approve=True)
+
+    again = client.post(EDIT, form())
+
+    assert again.status_code == 302
+    assert ApprovalPolicy.objects.filter(tool_name="deploy_release").count() == 1
+    assert AuditEvent.objects.filter(action="policy.changed").count() == 1
+    assert TicketVote.objects.filter(ticket=ticket, invalidated_at__isnull=True).count() == 1
+    page = client.get(again.url).content.decode()
+    assert "Nothing changed: any agent / deploy_release stays at v1." in page
+
+
 def test_policies_edit_page_starts_from_the_current_version(client, world):
     services.save_policy(
         tenant=world["tenant"],

@@ -172,18 +172,31 @@
   function rows() {
     return Array.from(document.querySelectorAll("[data-keyboard-list] [data-row]"));
   }
+  // The cursor is kept by row id, because a live re-read of the list redraws its rows.
+  let cursor = null;
+  function mark(row, focus) {
+    rows().forEach((other) => other.classList.toggle("selected", other === row));
+    const link = row && row.querySelector("a.row-link");
+    if (link && focus) link.focus();
+  }
   function select(index) {
     const all = rows();
     if (!all.length) return;
-    const clamped = Math.max(0, Math.min(index, all.length - 1));
-    all.forEach((row) => row.classList.remove("selected"));
-    all[clamped].classList.add("selected");
-    const link = all[clamped].querySelector("a.row-link");
-    if (link) link.focus();
+    const row = all[Math.max(0, Math.min(index, all.length - 1))];
+    cursor = row.id;
+    mark(row, true);
   }
   function selectedIndex() {
-    return rows().findIndex((row) => row.classList.contains("selected"));
+    return cursor === null ? -1 : rows().findIndex((row) => row.id === cursor);
   }
+  body.addEventListener("htmx:afterSettle", () => {
+    if (cursor === null) return;
+    const row = document.getElementById(cursor);
+    // The row left the list (decided, expired): the cursor goes back to the top.
+    if (!row || !row.matches("[data-keyboard-list] [data-row]")) { cursor = null; mark(null, false); return; }
+    // Focus went with the redrawn link only if it was in the list: put it back there.
+    mark(row, document.activeElement === body || document.activeElement === null);
+  });
   document.addEventListener("keydown", (event) => {
     if (event.ctrlKey || event.metaKey || event.altKey || typing(event.target)) return;
     if (document.querySelector("dialog[open]")) return;

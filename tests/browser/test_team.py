@@ -7,6 +7,8 @@ data made before the browser opens, the database read after it closes.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from approvals.models import AuditEvent, Ticket, TicketStatus
@@ -79,6 +81,18 @@ def test_a_claim_and_a_comment_reach_another_approvers_ticket_page_live(
     ) == ["ticket.created", "ticket.claimed", "ticket.commented"]
 
 
+def _reread_rows(page) -> None:
+    """Make the queue re-read its rows now, as a live hint would, and wait for the new rows."""
+    page.evaluate(
+        """() => new Promise((done) => {
+            document.body.addEventListener("htmx:afterSettle", (event) => {
+                if (event.detail.elt.id === "queue-rows") done();
+            });
+            document.body.dispatchEvent(new CustomEvent("console:changed"));
+        })"""
+    )
+
+
 def test_batch_approve_two_releases_from_the_queue(console_browser, live_server_only):
     tenant, requester, alice = _people()
     first, second, third = (
@@ -103,8 +117,11 @@ def test_batch_approve_two_releases_from_the_queue(console_browser, live_server_
         expect(page.locator("#batch-form button.approve")).to_be_disabled()
         _mark_loaded(page)
 
-        # Newest first: the invoice, then the third release; j twice reaches the third.
+        # Newest first: the invoice, then the third release; j twice reaches the third, and a
+        # live re-read of the rows between the two presses does not lose the cursor.
         page.keyboard.press("j")
+        _reread_rows(page)
+        expect(page.locator(f"#ticket-row-{invoice.pk}")).to_have_class(re.compile(r"\bselected\b"))
         page.keyboard.press("j")
         page.keyboard.press("x")
         expect(page.locator(f"#ticket-row-{third.pk} input[type=checkbox]")).to_be_checked()

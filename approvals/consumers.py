@@ -10,8 +10,8 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.template.loader import render_to_string
 
-from approvals.live import audit_tail, tail_needed, tenant_group
-from approvals.models import Membership
+from approvals.live import admin_group, audit_tail, tail_needed, tenant_group
+from approvals.models import Membership, Role
 
 
 class ConsoleConsumer(AsyncWebsocketConsumer):
@@ -23,13 +23,16 @@ class ConsoleConsumer(AsyncWebsocketConsumer):
         if user is None or not user.is_authenticated or not user.is_active:
             await self.close(code=4401)
             return
-        tenant_ids = await database_sync_to_async(
-            lambda: list(Membership.objects.filter(user=user).values_list("tenant_id", flat=True))
+        memberships = await database_sync_to_async(
+            lambda: list(Membership.objects.filter(user=user).values_list("tenant_id", "role"))
         )()
-        for tenant_id in tenant_ids:
-            group = tenant_group(tenant_id)
-            await self.channel_layer.group_add(group, self.channel_name)
-            self.groups_joined.append(group)
+        for tenant_id, role in memberships:
+            groups = [tenant_group(tenant_id)]
+            if role == Role.ADMIN:
+                groups.append(admin_group(tenant_id))
+            for group in groups:
+                await self.channel_layer.group_add(group, self.channel_name)
+                self.groups_joined.append(group)
         self.tailing = tail_needed()
         if self.tailing:
             await audit_tail.subscribe()

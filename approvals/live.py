@@ -48,8 +48,18 @@ KINDS = {
 }
 
 
+# Hints about notification deliveries: only the tenant's admins see the delivery log, so only
+# their sockets hear of it, and pages re-read it on "console:deliveries" alone (console.js).
+DELIVERY_KIND = "delivery.changed"
+DELIVERY_ACTIONS = ("webhook.", "email.")
+
+
 def tenant_group(tenant_id: int) -> str:
     return f"tenant.{tenant_id}"
+
+
+def admin_group(tenant_id: int) -> str:
+    return f"tenant.{tenant_id}.admins"
 
 
 def _shared_layer():
@@ -105,31 +115,44 @@ def _in_async_server() -> bool:
     )
 
 
-def _send(tenant_id: int, message: dict[str, Any]) -> None:
+def _send(group: str, message: dict[str, Any]) -> None:
     try:
         layer = _shared_layer()
         if layer is None:
             return
         if _in_async_server():
             # The server's own loop already holds the layer's connections.
-            async_to_sync(layer.group_send)(tenant_group(tenant_id), message)
+            async_to_sync(layer.group_send)(group, message)
         else:
-            _sender.send(tenant_group(tenant_id), message)
+            _sender.send(group, message)
     except Exception:
         # Live updates are a convenience; pages still show the truth on the next load.
-        logger.warning("live update for tenant %s not delivered", tenant_id, exc_info=True)
+        logger.warning("live update to %s not delivered", group, exc_info=True)
 
 
 def notify_on_commit(tenant_id: int, kind: str, **data: Any) -> None:
     message = {"type": "console.event", "kind": kind, **data}
-    transaction.on_commit(lambda: _send(tenant_id, message))
+    transaction.on_commit(lambda: _send(tenant_group(tenant_id), message))
+
+
+def notify_admins_on_commit(tenant_id: int, **data: Any) -> None:
+    """A delivery changed: a hint for the tenant's admins (their delivery log re-reads)."""
+    message = {"type": "console.event", "kind": DELIVERY_KIND, **data}
+    transaction.on_commit(lambda: _send(admin_group(tenant_id), message))
+
+
+def group_for(tenant_id: int, hint: dict[str, Any]) -> str:
+    return admin_group(tenant_id) if hint["kind"] == DELIVERY_KIND else tenant_group(tenant_id)
 
 
 def hint_for(event) -> dict[str, Any]:
-    kind = KINDS.get(
-        event.action,
-        "run.changed" if event.action.startswith(("run.", "effect.")) else event.action,
-    )
+    if event.action.startswith(DELIVERY_ACTIONS):
+        kind = DELIVERY_KIND
+    else:
+        kind = KINDS.get(
+            event.action,
+            "run.changed" if event.action.startswith(("run.", "effect.")) else event.action,
+        )
     return {
         "type": "console.event",
         "kind": kind,
@@ -182,7 +205,8 @@ class AuditTail:
             try:
                 events = await database_sync_to_async(self._events_after)(last_id)
                 for event in events:
-                    await layer.group_send(tenant_group(event.tenant_id), hint_for(event))
+                    hint = hint_for(event)
+                    await layer.group_send(group_for(event.tenant_id, hint), hint)
                     last_id = event.id
             except Exception:
                 logger.warning("live tail: reading the audit log failed; retrying", exc_info=True)

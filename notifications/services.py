@@ -29,7 +29,7 @@ from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils import timezone
 
-from approvals import audit, crypto
+from approvals import audit, crypto, live
 from approvals.models import DECIDING_ROLES, ApproverGroup, AuditEvent, Membership, Run, Tenant
 from approvals.redaction import redact
 from notifications import signing
@@ -382,6 +382,8 @@ def fan_out(*, audit_event: AuditEvent) -> list[Delivery]:
                 created.append(delivery)
         if recipients:
             send_email_task.enqueue(audit_event.pk, recipients)
+        if created:
+            live.notify_admins_on_commit(audit_event.tenant_id, status=DeliveryStatus.PENDING)
         _wake_worker()
     return created
 
@@ -531,6 +533,9 @@ def _record(delivery: Delivery, outcome: Outcome, now: datetime) -> Delivery:
             _audit_delivery(delivery, action, actor=None)
         else:
             deliver_webhook_task.using(run_after=delivery.next_attempt_at).enqueue(delivery.pk)
+        live.notify_admins_on_commit(
+            delivery.tenant_id, delivery=delivery.pk, status=delivery.status
+        )
     return delivery
 
 
@@ -604,8 +609,73 @@ def retry(delivery: Delivery, *, user) -> Delivery:
         delivery.refresh_from_db()
         _audit_delivery(delivery, "webhook.retried", actor=user)
         deliver_webhook_task.enqueue(delivery.pk)
+        live.notify_admins_on_commit(
+            delivery.tenant_id, delivery=delivery.pk, status=delivery.status
+        )
         _wake_worker()
     return delivery
+
+
+# --- test ping -------------------------------------------------------------------------------
+
+PING_EVENT = "ping"
+
+
+def ping(endpoint: WebhookEndpoint, *, user) -> Outcome:
+    """Send one signed test event to an endpoint now and return what it answered.
+
+    The body has the shape of a real delivery with event "ping" and no ticket or run, so a
+    receiver can check its signature handling end to end; an inactive endpoint can be tested
+    before it is switched on. Not retried and not in the delivery log: the answer is shown to
+    the admin who asked.
+
+    Side effects: one POST (outside any transaction, bounded by TIMEOUT_SECONDS); audit
+    webhook.pinged with the outcome (delivered or failed), the status code and the error.
+    """
+    tenant = endpoint.tenant
+    sent_at = timezone.now()
+    payload = {
+        "id": f"{tenant.slug}:ping:{secrets.token_hex(8)}",
+        "event": PING_EVENT,
+        "action": "webhook.pinged",
+        "tenant": tenant.slug,
+        "webhook": endpoint.pk,
+        "ticket": None,
+        "run": None,
+        "actor": user.get_username(),
+        "time": sent_at.isoformat(),
+        "url": settings.APPROVALS_PUBLIC_URL.rstrip("/")
+        + reverse("notifications:webhook", args=[tenant.slug, endpoint.pk]),
+    }
+    body = json.dumps(payload, separators=(",", ":"), sort_keys=True).encode()
+    try:
+        secret = endpoint_secret(endpoint)
+    except crypto.CryptoError:
+        outcome = Outcome(False, None, "the signing secret cannot be opened with the key ring", 0)
+    else:
+        headers = {
+            "Content-Type": "application/json",
+            "User-Agent": USER_AGENT,
+            "X-Approvals-Event": PING_EVENT,
+            "X-Approvals-Delivery": "ping",
+            **signing.headers(secret, body),
+        }
+        outcome = post(endpoint.url, body, headers)
+    with transaction.atomic():
+        audit.append(
+            tenant_id=endpoint.tenant_id,
+            action="webhook.pinged",
+            actor=user,
+            outcome=DeliveryStatus.DELIVERED if outcome.ok else DeliveryStatus.FAILED,
+            detail={
+                "endpoint": endpoint.pk,
+                "host": _host(endpoint.url),
+                "status_code": outcome.status_code,
+                "error": outcome.error,
+                "duration_ms": outcome.duration_ms,
+            },
+        )
+    return outcome
 
 
 # --- email ----------------------------------------------------------------------------------

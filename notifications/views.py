@@ -129,6 +129,26 @@ def endpoint_delete(request: HttpRequest, tenant: str, endpoint: int) -> HttpRes
 
 
 @login_required
+@require_POST
+def endpoint_ping(request: HttpRequest, tenant: str, endpoint: int) -> HttpResponse:
+    row = _get_endpoint_for_admin(request, tenant, endpoint)
+    outcome = services.ping(row, user=request.user)
+    took = f"in {outcome.duration_ms} ms"
+    if outcome.ok:
+        messages.success(
+            request, f"Test event delivered to webhook {row.pk}: HTTP {outcome.status_code} {took}."
+        )
+    else:
+        answer = outcome.error or f"HTTP {outcome.status_code}"
+        messages.error(
+            request,
+            f"Test event to webhook {row.pk} failed: {answer} ({took}). "
+            "Check the URL and that the receiver answers 2xx to a signed POST.",
+        )
+    return redirect("notifications:webhook", tenant=tenant, endpoint=row.pk)
+
+
+@login_required
 @require_GET
 def delivery_log(request: HttpRequest, tenant: str) -> HttpResponse:
     tenant_row = _get_tenant_for_admin(request, tenant)
@@ -168,7 +188,10 @@ def delivery_log(request: HttpRequest, tenant: str) -> HttpResponse:
         "problems": [m for errors in form.errors.values() for m in errors],
         "statuses": DeliveryStatus.choices,
     }
-    return render(request, "notifications/deliveries.html", context, status=200 if page else 400)
+    template = "notifications/deliveries.html"
+    if page and request.htmx and request.htmx.target == "delivery-rows":
+        template += "#rows"  # a live re-read: the rows alone
+    return render(request, template, context, status=200 if page else 400)
 
 
 @login_required

@@ -21,9 +21,17 @@
   });
   body.addEventListener("htmx:wsClose", () => setLive("closed", "Offline: reload to refresh"));
   body.addEventListener("htmx:wsError", () => setLive("closed", "Offline: reload to refresh"));
-  body.addEventListener("htmx:wsAfterMessage", () => {
+  // Hints come in bursts: one re-read per burst, and a burst of delivery hints alone re-reads
+  // only the delivery logs ("console:deliveries"), not the queue or the ticket.
+  const pending = new Set();
+  body.addEventListener("htmx:wsAfterMessage", (event) => {
+    const kind = (/data-kind="([^"]*)"/.exec(event.detail.message || "") || [])[1] || "";
+    pending.add(kind === "delivery.changed" ? "console:deliveries" : "console:changed");
     clearTimeout(refreshTimer);
-    refreshTimer = setTimeout(() => body.dispatchEvent(new CustomEvent("console:changed")), 120);
+    refreshTimer = setTimeout(() => {
+      pending.forEach((name) => body.dispatchEvent(new CustomEvent(name)));
+      pending.clear();
+    }, 120);
   });
   if (!window.htmx || !window.WebSocket) setLive("closed", "Reload to refresh");
 

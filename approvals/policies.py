@@ -47,6 +47,23 @@ def current_for_scope(tenant_id: int, agent_key: str, tool_name: str) -> Approva
     )
 
 
+def current_policies(tenant_id: int) -> list[ApprovalPolicy]:
+    """The current version of each of the tenant's scopes: the default first, then by scope."""
+    latest: dict[tuple[str, str], ApprovalPolicy] = {}
+    for policy in ApprovalPolicy.objects.filter(tenant_id=tenant_id).order_by("version"):
+        latest[(policy.agent_key, policy.tool_name)] = policy
+    return sorted(latest.values(), key=lambda p: (bool(p.agent_key or p.tool_name), p.scope_label))
+
+
+def groups_named(policy: ApprovalPolicy) -> set[str]:
+    """Every group a policy names: in its rules, in who may decide, and to escalate to."""
+    named = {rule["group"] for rule in policy.group_rules or []}
+    named |= set(policy.allowed_groups or [])
+    if policy.escalation_group:
+        named.add(policy.escalation_group)
+    return named
+
+
 def resolve(tenant_id: int, agent_key: str, tool_name: str) -> ApprovalPolicy:
     """The most specific current policy: agent+tool, then tool alone, then agent alone, then the
     tenant's default, then the built-in default. One query for all four scopes."""

@@ -11,7 +11,7 @@ from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
-from django.views.decorators.http import require_GET, require_http_methods
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from approvals import policies, registry, services
 from approvals.forms import GroupForm, PolicyForm
@@ -39,13 +39,6 @@ def _group_names(tenant: Tenant) -> list[str]:
     return list(ApproverGroup.objects.filter(tenant=tenant).values_list("name", flat=True))
 
 
-def _current_policies(tenant: Tenant) -> list[ApprovalPolicy]:
-    latest: dict[tuple[str, str], ApprovalPolicy] = {}
-    for policy in ApprovalPolicy.objects.filter(tenant=tenant).order_by("version"):
-        latest[(policy.agent_key, policy.tool_name)] = policy
-    return sorted(latest.values(), key=lambda p: (bool(p.agent_key or p.tool_name), p.scope_label))
-
-
 def _admin_tenants(request: HttpRequest) -> list[Tenant]:
     return sorted(
         (m.tenant for m in _memberships(request).values() if m.role == Role.ADMIN),
@@ -61,7 +54,7 @@ def _policies_url(tenant: Tenant) -> str:
 @require_GET
 def policy_list(request: HttpRequest) -> HttpResponse:
     tenant = _get_admin_tenant(request, request.GET.get("tenant", ""))
-    current = _current_policies(tenant)
+    current = policies.current_policies(tenant.pk)
     return render(
         request,
         "approvals/policies.html",
@@ -184,14 +177,32 @@ def group_edit(request: HttpRequest) -> HttpResponse:
             },
             usernames=usernames,
         )
+    groups = ApproverGroup.objects.filter(tenant=tenant).prefetch_related("members")
+    editing = next((g for g in groups if g.name == form["name"].value()), None)
     return render(
         request,
         "approvals/groups.html",
         {
             "tenant": tenant,
             "form": form,
-            "groups": ApproverGroup.objects.filter(tenant=tenant).prefetch_related("members"),
+            "groups": groups,
+            "editing": editing,
             "policies_url": _policies_url(tenant),
         },
         status=status,
     )
+
+
+@login_required
+@require_POST
+def group_delete(request: HttpRequest) -> HttpResponse:
+    tenant = _get_admin_tenant(request, request.POST.get("tenant", ""))
+    name = request.POST.get("name", "")
+    groups_url = f"{reverse('approvals:groups')}?tenant={tenant.slug}"
+    try:
+        services.delete_group(tenant=tenant, user=request.user, name=name)
+    except services.PolicyError as error:
+        messages.error(request, f"Not deleted: {error}.")
+        return redirect(f"{groups_url}&{urlencode({'name': name})}")
+    messages.success(request, f"Deleted the group {name}.")
+    return redirect(groups_url)

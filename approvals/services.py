@@ -1483,23 +1483,18 @@ def save_policy(
     required = int(values.get("required_approvals", 1))
     if not 1 <= required <= policies.MAX_APPROVALS:
         raise PolicyError(f"required approvals must be from 1 to {policies.MAX_APPROVALS}")
-    named = {r["group"] for r in values.get("group_rules") or []}
-    named |= set(values.get("allowed_groups") or [])
-    if values.get("escalation_group"):
-        named.add(values["escalation_group"])
-    existing = set(
-        ApproverGroup.objects.filter(tenant=tenant, name__in=named).values_list("name", flat=True)
-    )
-    if named - existing:
-        raise PolicyError(f"no such group: {', '.join(sorted(named - existing))}")
+    named = policies.groups_named(ApprovalPolicy(**values))
+    _check_groups_exist(tenant, named)
     if values.get("on_expiry") == ExpiryAction.ESCALATE and not values.get("escalation_group"):
         raise PolicyError("escalation needs a group to escalate to")
     for rule in values.get("auto_rules") or []:
         if rule.get("op") not in policies.OPERATORS:
             raise PolicyError(f"unknown operator {rule.get('op')!r}")
     with transaction.atomic():
-        # The tenant's lock orders concurrent edits, so versions never collide.
+        # The tenant's lock orders concurrent edits, so versions never collide, and a group
+        # deleted meanwhile (delete_group takes the same lock) is seen here.
         Tenant.objects.select_for_update().only("pk").get(pk=tenant.pk)
+        _check_groups_exist(tenant, named)
         previous = policies.current_for_scope(tenant.pk, agent_key, tool_name)
         before = previous or policies.builtin_policy(tenant.pk)
         now = timezone.now()
@@ -1584,6 +1579,49 @@ def _move_pending_tickets(policy: ApprovalPolicy, *, user, now) -> int:
             ticket.tenant_id, "ticket.changed", ticket=ticket.pk, run=ticket.run_id
         )
     return moved
+
+
+def _check_groups_exist(tenant: Tenant, named: set[str]) -> None:
+    existing = set(
+        ApproverGroup.objects.filter(tenant=tenant, name__in=named).values_list("name", flat=True)
+    )
+    if named - existing:
+        raise PolicyError(f"no such group: {', '.join(sorted(named - existing))}")
+
+
+def delete_group(*, tenant: Tenant, user, name: str) -> None:
+    """Delete an approver group that no current policy names.
+
+    Side effects, in one transaction under the tenant's lock (which save_policy also takes, so
+    no policy can start naming the group meanwhile): the group row and its memberships; audit
+    event group.deleted with its members. Raises PolicyError naming the policies that use the
+    group, writing nothing. Votes already given keep the group names they were counted under.
+    """
+    _require_admin(user, tenant.pk)
+    with transaction.atomic():
+        Tenant.objects.select_for_update().only("pk").get(pk=tenant.pk)
+        group = ApproverGroup.objects.filter(tenant=tenant, name=name).first()
+        if group is None:
+            raise PolicyError(f"there is no group {name!r}")
+        users = [
+            str(policy)
+            for policy in policies.current_policies(tenant.pk)
+            if name in policies.groups_named(policy)
+        ]
+        if users:
+            raise PolicyError(
+                f"the group {name} is named by {', '.join(users)}; "
+                "change those policies first, then delete it"
+            )
+        members = sorted(group.members.values_list("username", flat=True))
+        group.delete()
+        audit.append(
+            tenant_id=tenant.pk,
+            action="group.deleted",
+            actor=user,
+            outcome="deleted",
+            detail={"group": name, "removed": members},
+        )
 
 
 def save_group(*, tenant: Tenant, user, name: str, members: list) -> ApproverGroup:

@@ -23,4 +23,5 @@ urlpatterns = [
     path("policies/", policy_views.policy_list, name="policies"),
     path("policies/edit/", policy_views.policy_edit, name="policy-edit"),
     path("policies/groups/", policy_views.group_edit, name="groups"),
+    path("policies/groups/delete/", policy_views.group_delete, name="group-delete"),
 ]

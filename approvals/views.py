@@ -586,6 +586,7 @@ ACTION_LABELS = {
     "ticket.auto_rejected": "Rejected automatically by rule",
     "policy.changed": "Policy changed",
     "group.changed": "Approver group changed",
+    "group.deleted": "Approver group deleted",
     "run.queued": "Queued for the worker",
     "run.resuming": "Worker resuming",
     "effect.done": "Effect done",
@@ -611,6 +612,7 @@ ACTION_LABELS = {
     "webhook.delivered": "Webhook delivered",
     "webhook.failed": "Webhook delivery failed",
     "webhook.retried": "Webhook delivery retried",
+    "webhook.pinged": "Webhook test event sent",
 }
 
 

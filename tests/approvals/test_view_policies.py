@@ -356,3 +356,124 @@ def test_ticket_page_shows_the_escalation(client, world):
 
     assert 'id="ticket-escalated">to on-call leads at' in page
     assert "This ticket was escalated; only members of on-call leads may decide it now." in page
+
+
+# --- deleting a group -----------------------------------------------------------------------
+
+DELETE_GROUP = reverse("approvals:group-delete")
+
+
+def _group(world, name: str) -> ApproverGroup:
+    return services.save_group(
+        tenant=world["tenant"], user=world["admin"], name=name, members=[world["alice"]]
+    )
+
+
+def test_groups_delete_an_unused_group_with_its_memberships_audited(client, world):
+    _group(world, "relase managers")  # the typo nobody can use
+    client.force_login(world["admin"])
+
+    page = client.get(GROUPS, {"tenant": "acme", "name": "relase managers"}).content.decode()
+    response = client.post(DELETE_GROUP, {"tenant": "acme", "name": "relase managers"}, follow=True)
+
+    assert 'id="group-delete"' in page and "Delete relase managers" in page
+    assert response.redirect_chain == [(f"{GROUPS}?tenant=acme", 302)]
+    assert "Deleted the group relase managers." in response.content.decode()
+    assert ApproverGroup.objects.count() == 0
+    assert world["alice"].approver_groups.count() == 0
+    deleted = AuditEvent.objects.get(action="group.deleted")
+    assert (deleted.actor_id, deleted.detail) == (
+        world["admin"].pk,
+        {"group": "relase managers", "removed": ["alice"]},
+    )
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"group_rules": [{"group": "release managers", "count": 1}]},
+        {"allowed_groups": ["release managers"]},
+        {"on_expiry": "escalate", "escalation_group": "release managers"},
+    ],
+    ids=["rule", "who-may-decide", "escalation"],
+)
+def test_groups_delete_refuses_a_group_a_current_policy_names(client, world, values):
+    _group(world, "release managers")
+    services.save_policy(
+        tenant=world["tenant"], user=world["admin"], tool_name="deploy_release", **values
+    )
+    client.force_login(world["admin"])
+
+    response = client.post(
+        DELETE_GROUP, {"tenant": "acme", "name": "release managers"}, follow=True
+    )
+
+    page = response.content.decode()
+    assert response.status_code == 200
+    assert (
+        "Not deleted: the group release managers is named by any agent / deploy_release v1; "
+        "change those policies first, then delete it." in page
+    )
+    assert ApproverGroup.objects.filter(name="release managers").exists()
+    assert not AuditEvent.objects.filter(action="group.deleted").exists()
+
+
+def test_groups_delete_is_allowed_once_the_policy_stops_naming_it(client, world):
+    _group(world, "release managers")
+    scope = {"tenant": world["tenant"], "user": world["admin"], "tool_name": "deploy_release"}
+    services.save_policy(**scope, allowed_groups=["release managers"])
+    services.save_policy(**scope, required_approvals=2)  # v2 names no group; v1 is history
+    client.force_login(world["admin"])
+
+    client.post(DELETE_GROUP, {"tenant": "acme", "name": "release managers"})
+
+    assert ApproverGroup.objects.count() == 0
+
+
+def test_groups_delete_of_a_missing_group_says_so(client, world):
+    client.force_login(world["admin"])
+
+    response = client.post(DELETE_GROUP, {"tenant": "acme", "name": "nobody"}, follow=True)
+
+    assert response.status_code == 200
+    assert "Not deleted: there is no group &#x27;nobody&#x27;." in response.content.decode()
+
+
+def test_groups_delete_is_404_for_non_admins_and_405_for_get(client, world):
+    _group(world, "release managers")
+    for user in (world["alice"], member(TenantFactory(slug="globex"), Role.ADMIN)):
+        client.force_login(user)
+        assert (
+            client.post(DELETE_GROUP, {"tenant": "acme", "name": "release managers"}).status_code
+            == 404
+        )
+    client.force_login(world["admin"])
+    assert (
+        client.get(DELETE_GROUP, {"tenant": "acme", "name": "release managers"}).status_code == 405
+    )
+    assert ApproverGroup.objects.count() == 1
+
+
+def test_save_policy_rechecks_groups_under_the_lock(world, monkeypatch):
+    """A group deleted between the first check and the lock is still refused."""
+    _group(world, "release managers")
+    checks = []
+    real = services._check_groups_exist
+
+    def check_then_delete(tenant, named):
+        checks.append(sorted(named))
+        real(tenant, named)
+        if len(checks) == 1:
+            ApproverGroup.objects.filter(name="release managers").delete()
+
+    monkeypatch.setattr(services, "_check_groups_exist", check_then_delete)
+
+    with pytest.raises(services.PolicyError, match="no such group: release managers"):
+        services.save_policy(
+            tenant=world["tenant"],
+            user=world["admin"],
+            tool_name="deploy_release",
+            allowed_groups=["release managers"],
+        )
+    assert len(checks) == 2
+    assert ApprovalPolicy.objects.count() == 0

@@ -796,8 +796,25 @@ def _check_before_resume(run: Run, tickets: list[Ticket]) -> None:
                         f"{REGENERATE}: {vote.user.get_username()}, whose approval counted for "
                         f"ticket {ticket.pk}, may no longer approve"
                     )
-            # And the quorum itself: a voter whose account was deleted took the vote along.
+            # Group membership counts as it is now, not as it was at the vote: someone taken
+            # out of a group since no longer speaks for it.
             policy = policies.policy_of(ticket)
+            if policy.group_rules or policy.allowed_groups:
+                for vote in votes:
+                    now_in = policies.groups_of(vote.user, run.tenant_id)
+                    vote.groups = [g for g in vote.groups if g in now_in]
+                    # Before an escalation, who may decide is the policy's groups.
+                    why = (
+                        ""
+                        if ticket.escalated_at
+                        else policies.refusal_for(vote.user, ticket, policy)
+                    )
+                    if why:
+                        raise _Refusal(
+                            f"{REGENERATE}: {vote.user.get_username()}, whose approval counted "
+                            f"for ticket {ticket.pk}, may no longer approve it: {why}"
+                        )
+            # And the quorum itself: a voter whose account was deleted took the vote along.
             if policy.required_approvals > 1 or policy.group_rules:
                 progress = policies.progress(ticket, policy, votes)
                 if not progress.met:

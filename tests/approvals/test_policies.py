@@ -563,6 +563,66 @@ def test_a_quorum_that_lost_a_voter_is_refused_at_resume(world):
     assert demo.read_effects() == []
 
 
+def test_a_voter_taken_out_of_the_rules_group_no_longer_counts_at_resume(world):
+    tenant, p = world
+    managers = group(tenant, "release managers", p["alice"])
+    set_policy(
+        tenant,
+        p["admin"],
+        required_approvals=2,
+        group_rules=[{"group": "release managers", "count": 1}],
+    )
+    ticket = new_ticket(tenant, p["requester"])
+    services.decide(ticket, user=p["alice"], approve=True)
+    services.decide(ticket, user=p["bob"], approve=True)
+    assert Ticket.objects.get(pk=ticket.pk).status == TicketStatus.APPROVED
+    # Alice leaves the release managers before the worker resumes: nobody speaks for them.
+    managers.members.remove(p["alice"])
+
+    outcome = services.resume(run_id=ticket.run_id)
+
+    assert outcome.status == RunStatus.NEEDS_ATTENTION
+    assert "needs 1 from release managers" in outcome.reason
+    assert demo.read_effects() == []
+
+
+def test_a_voter_taken_out_of_the_deciding_groups_is_refused_at_resume(world):
+    tenant, p = world
+    managers = group(tenant, "release managers", p["alice"])
+    set_policy(tenant, p["admin"], allowed_groups=["release managers"])
+    ticket = new_ticket(tenant, p["requester"])
+    services.decide(ticket, user=p["alice"], approve=True)
+    managers.members.remove(p["alice"])
+
+    outcome = services.resume(run_id=ticket.run_id)
+
+    assert outcome.status == RunStatus.NEEDS_ATTENTION
+    assert "alice, whose approval counted for ticket" in outcome.reason
+    assert "only members of release managers may decide this ticket" in outcome.reason
+    assert demo.read_effects() == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_voters_still_in_their_groups_resume_and_run_once(world):
+    tenant, p = world
+    group(tenant, "release managers", p["alice"])
+    set_policy(
+        tenant,
+        p["admin"],
+        required_approvals=2,
+        group_rules=[{"group": "release managers", "count": 1}],
+        allowed_groups=[],
+    )
+    ticket = new_ticket(tenant, p["requester"])
+    services.decide(ticket, user=p["alice"], approve=True)
+    services.decide(ticket, user=p["bob"], approve=True)
+
+    outcome = services.resume(run_id=ticket.run_id)
+
+    assert outcome.status == RunStatus.COMPLETED
+    assert len(demo.read_effects()) == 1
+
+
 @pytest.mark.parametrize(
     "values",
     [

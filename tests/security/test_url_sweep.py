@@ -296,6 +296,7 @@ def test_url_sweep_own_objects_answer_200_so_the_sweep_can_fail(client, world):
         "notifications:webhooks": 200,
         "notifications:webhook": 200,
         "notifications:delete": 405,
+        "notifications:ping": 405,
         "notifications:deliveries": 200,
         "notifications:retry": 405,
     }
@@ -366,6 +367,7 @@ def test_url_sweep_walks_the_whole_project_but_admin():
         "notifications:webhooks",
         "notifications:webhook",
         "notifications:delete",
+        "notifications:ping",
         "notifications:deliveries",
         "notifications:retry",
     }

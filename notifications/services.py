@@ -18,6 +18,7 @@ import ipaddress
 import json
 import secrets
 import socket
+import ssl
 import time
 import urllib.error
 import urllib.request
@@ -64,7 +65,8 @@ IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 # Not covered by is_private in Python 3.11: carrier-grade NAT, often the cloud's own network.
 _SHARED = ipaddress.ip_network("100.64.0.0/10")
 # IPv6 prefixes that carry an IPv4 address a gateway may forward to: NAT64 and the deprecated
-# IPv4-compatible form (IPv4-mapped, 6to4 and Teredo have properties of their own).
+# IPv4-compatible form (IPv4-mapped and 6to4 have properties of their own; Teredo, 2001::/32,
+# is refused as private).
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
 _IPV4_COMPATIBLE = ipaddress.ip_network("::/96")
 
@@ -76,8 +78,6 @@ def _embedded_ipv4(ip: IPAddress) -> ipaddress.IPv4Address | None:
         return ip.ipv4_mapped
     if ip.sixtofour is not None:
         return ip.sixtofour
-    if ip.teredo is not None:
-        return ip.teredo[1]
     if ip in _NAT64 or (ip in _IPV4_COMPATIBLE and int(ip) > 1):
         return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
     return None
@@ -86,8 +86,9 @@ def _embedded_ipv4(ip: IPAddress) -> ipaddress.IPv4Address | None:
 def blocked_reason(ip: IPAddress) -> str:
     """Why a webhook may not go to this address ("a loopback address"), or "" when it may."""
     embedded = _embedded_ipv4(ip)
-    if embedded is not None and (reason := blocked_reason(embedded)):
-        return reason
+    if embedded is not None:
+        # The IPv4 address is where the packets go (::ffff:8.8.8.8 is as public as 8.8.8.8).
+        return blocked_reason(embedded)
     if ip.is_loopback:
         return "a loopback address"
     if ip.is_link_local:
@@ -98,10 +99,10 @@ def blocked_reason(ip: IPAddress) -> str:
         return "a multicast address"
     if ip in _SHARED:
         return "a shared (carrier-grade NAT) address"
-    if ip.is_private or (ip.version == 6 and ip.is_site_local):
-        return "a private address"
-    if ip.is_reserved or not ip.is_global:
+    if ip.is_reserved:
         return "a reserved address"
+    if ip.is_private or not ip.is_global or (ip.version == 6 and ip.is_site_local):
+        return "a private address"
     return ""
 
 
@@ -581,8 +582,15 @@ class _PinnedHTTPSHandler(urllib.request.HTTPSHandler):
 
     def https_open(self, req):
         return self.do_open(
-            functools.partial(_PinnedHTTPSConnection, addresses=self._addresses), req
+            functools.partial(_PinnedHTTPSConnection, addresses=self._addresses),
+            req,
+            context=_tls_context(),
         )
+
+
+def _tls_context() -> ssl.SSLContext:
+    """The system's trusted CAs, with the certificate checked against the URL's host name."""
+    return ssl.create_default_context()
 
 
 def _opener(addresses: list[IPAddress]) -> urllib.request.OpenerDirector:

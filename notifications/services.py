@@ -117,7 +117,6 @@ def _resolve(host: str, port: int) -> list[IPAddress]:
 class _Unresolvable(OSError):
     def __init__(self, host: str, detail: str = "") -> None:
         super().__init__(f"{host} does not resolve" + (f" ({detail})" if detail else ""))
-        self.host = host
 
 
 def _addresses(host: str, port: int) -> tuple[list[IPAddress], bool]:

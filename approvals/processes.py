@@ -50,6 +50,10 @@ def child_env(**extra: str) -> dict[str, str]:
         "DJANGO_SECRET_KEY": settings.SECRET_KEY,
         "APPROVALS_ENCRYPTION_KEYS": keys,
         "APPROVALS_DEMO_EFFECT_LOG": str(settings.APPROVALS_DEMO_EFFECT_LOG),
+        # A worker delivering webhooks refuses or allows private targets as this process does.
+        "NOTIFICATIONS_ALLOW_PRIVATE_WEBHOOKS": "1"
+        if settings.NOTIFICATIONS_ALLOW_PRIVATE_WEBHOOKS
+        else "0",
         "PYTHONUNBUFFERED": "1",
     }
     env.pop("OPENAI_API_KEY", None)

@@ -241,6 +241,12 @@ EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", default=False)
 EMAIL_TIMEOUT = env_int("EMAIL_TIMEOUT", 10, minimum=1)
 DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "approvals@localhost")
 
+# Webhooks to private, loopback, link-local and other non-public addresses (SSRF guard): allowed
+# in development, where the demo receiver listens on 127.0.0.1:8025; refused in production.
+NOTIFICATIONS_ALLOW_PRIVATE_WEBHOOKS = env_bool(
+    "NOTIFICATIONS_ALLOW_PRIVATE_WEBHOOKS", default=not PRODUCTION
+)
+
 OPENAI_API_KEY = env_str("OPENAI_API_KEY")
 APPROVALS_OPENAI_MODEL = env_str("APPROVALS_OPENAI_MODEL", "gpt-4.1-mini")
 # Another endpoint for the OpenAI API (a proxy, or a local fake in tests).

@@ -12,8 +12,13 @@ needs them follows the link and signs in.
 
 from __future__ import annotations
 
+import functools
+import http.client
+import ipaddress
 import json
 import secrets
+import socket
+import ssl
 import time
 import urllib.error
 import urllib.request
@@ -55,13 +60,133 @@ class WebhookURLError(ValueError):
     pass
 
 
-def check_url(url: str) -> str:
-    """Only absolute http(s) URLs with a host; anything else never leaves the console."""
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+# Not covered by is_private in Python 3.11: carrier-grade NAT, often the cloud's own network.
+_SHARED = ipaddress.ip_network("100.64.0.0/10")
+# IPv6 prefixes that carry an IPv4 address a gateway may forward to: NAT64 and the deprecated
+# IPv4-compatible form (IPv4-mapped and 6to4 have properties of their own; Teredo, 2001::/32,
+# is refused as private).
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+_IPV4_COMPATIBLE = ipaddress.ip_network("::/96")
+
+
+def _embedded_ipv4(ip: IPAddress) -> ipaddress.IPv4Address | None:
+    if ip.version != 6:
+        return None
+    if ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    if ip.sixtofour is not None:
+        return ip.sixtofour
+    if ip in _NAT64 or (ip in _IPV4_COMPATIBLE and int(ip) > 1):
+        return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+    return None
+
+
+def blocked_reason(ip: IPAddress) -> str:
+    """Why a webhook may not go to this address ("a loopback address"), or "" when it may."""
+    embedded = _embedded_ipv4(ip)
+    if embedded is not None:
+        # The IPv4 address is where the packets go (::ffff:8.8.8.8 is as public as 8.8.8.8).
+        return blocked_reason(embedded)
+    if ip.is_loopback:
+        return "a loopback address"
+    if ip.is_link_local:
+        return "a link-local address"
+    if ip.is_unspecified:
+        return "an unspecified address"
+    if ip.is_multicast:
+        return "a multicast address"
+    if ip in _SHARED:
+        return "a shared (carrier-grade NAT) address"
+    if ip.is_reserved:
+        return "a reserved address"
+    if ip.is_private or not ip.is_global or (ip.version == 6 and ip.is_site_local):
+        return "a private address"
+    return ""
+
+
+def _resolve(host: str, port: int) -> list[IPAddress]:
+    """The addresses a host name resolves to, in the resolver's order (tests replace this)."""
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    # A scoped IPv6 address comes back as "fe80::1%eth0"; its scope does not change its range.
+    found = [ipaddress.ip_address(info[4][0].partition("%")[0]) for info in infos]
+    return list(dict.fromkeys(found))
+
+
+class _Unresolvable(OSError):
+    def __init__(self, host: str, detail: str = "") -> None:
+        super().__init__(f"{host} does not resolve" + (f" ({detail})" if detail else ""))
+
+
+def _addresses(host: str, port: int) -> tuple[list[IPAddress], bool]:
+    """(addresses, whether host is an address literal). Raises _Unresolvable."""
+    try:
+        return [ipaddress.ip_address(host)], True
+    except ValueError:
+        pass
+    try:
+        found = _resolve(host, port)
+    except (OSError, UnicodeError) as error:
+        raise _Unresolvable(host, str(error)) from None
+    if not found:
+        raise _Unresolvable(host)
+    return found, False
+
+
+def _refusal(host: str, addresses: list[IPAddress], literal: bool) -> str:
+    """Why the addresses of host are refused ("" when private targets are allowed or none is)."""
+    if settings.NOTIFICATIONS_ALLOW_PRIVATE_WEBHOOKS:
+        return ""
+    for ip in addresses:
+        reason = blocked_reason(ip)
+        if reason:
+            return f"{host} is {reason}" if literal else f"{host} resolves to {ip}, {reason}"
+    return ""
+
+
+def _check_form(url: str):
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise WebhookURLError("Enter an http:// or https:// URL with a host name.")
     if parts.username or parts.password:
         raise WebhookURLError("Put credentials in the signature secret, not in the URL.")
+    try:
+        parts.port  # noqa: B018 - raises ValueError for a port out of range
+    except ValueError:
+        raise WebhookURLError("Enter a port between 1 and 65535.") from None
+    return parts
+
+
+def _target(url: str) -> tuple[str, int]:
+    """(host, port) of a well-formed webhook URL; raises WebhookURLError otherwise."""
+    parts = _check_form(url)
+    return parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)
+
+
+PUBLIC_ONLY = "webhooks may only go to public addresses"
+
+
+def check_url(url: str) -> str:
+    """Only absolute http(s) URLs with a host; anything else never leaves the console.
+
+    Unless NOTIFICATIONS_ALLOW_PRIVATE_WEBHOOKS, the host must also be public: an address in a
+    private, loopback, link-local or other non-public range is refused, and so is a name that
+    resolves to one (any of its addresses) or that does not resolve. post() checks again at
+    send time, as a name's addresses may change.
+    """
+    host, port = _target(url)
+    if settings.NOTIFICATIONS_ALLOW_PRIVATE_WEBHOOKS:
+        return url
+    try:
+        addresses, literal = _addresses(host, port)
+    except _Unresolvable:
+        raise WebhookURLError(
+            f"{host} does not resolve; {PUBLIC_ONLY}, so the name must resolve to check it."
+        ) from None
+    refusal = _refusal(host, addresses, literal)
+    if refusal:
+        raise WebhookURLError(f"{refusal}; {PUBLIC_ONLY}.")
     return url
 
 
@@ -408,24 +533,103 @@ class _NoRedirects(urllib.request.HTTPRedirectHandler):
         return None  # the 3xx response reaches the caller as an HTTPError
 
 
-# No proxies from the environment, no redirects: the request goes where the admin said.
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}), _NoRedirects)
+class _Pinned:
+    """A connection that goes to the vetted addresses, never to a fresh lookup of the host.
+
+    The URL's host name stays in the Host header and, for HTTPS, in SNI and the certificate
+    check (http.client wraps the socket with server_hostname=self.host); only the TCP connect
+    is pinned, so a name re-pointed (DNS rebinding) after the check cannot redirect it.
+    """
+
+    def __init__(self, *args, addresses: list[IPAddress], **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._vetted = addresses
+        self._create_connection = self._connect_vetted
+
+    def _connect_vetted(self, address, timeout, source_address=None):
+        _, port = address
+        last: OSError | None = None
+        for ip in self._vetted:
+            try:
+                return socket.create_connection((str(ip), port), timeout, source_address)
+            except OSError as error:
+                last = error
+        raise last or OSError("no address to connect to")
+
+
+class _PinnedHTTPConnection(_Pinned, http.client.HTTPConnection):
+    pass
+
+
+class _PinnedHTTPSConnection(_Pinned, http.client.HTTPSConnection):
+    pass
+
+
+class _PinnedHTTPHandler(urllib.request.HTTPHandler):
+    def __init__(self, addresses: list[IPAddress]) -> None:
+        super().__init__()
+        self._addresses = addresses
+
+    def http_open(self, req):
+        return self.do_open(
+            functools.partial(_PinnedHTTPConnection, addresses=self._addresses), req
+        )
+
+
+class _PinnedHTTPSHandler(urllib.request.HTTPSHandler):
+    def __init__(self, addresses: list[IPAddress]) -> None:
+        super().__init__()
+        self._addresses = addresses
+
+    def https_open(self, req):
+        return self.do_open(
+            functools.partial(_PinnedHTTPSConnection, addresses=self._addresses),
+            req,
+            context=_tls_context(),
+        )
+
+
+def _tls_context() -> ssl.SSLContext:
+    """The system's trusted CAs, with the certificate checked against the URL's host name."""
+    return ssl.create_default_context()
+
+
+def _opener(addresses: list[IPAddress]) -> urllib.request.OpenerDirector:
+    # No proxies from the environment, no redirects, and connections only to the vetted
+    # addresses: the request goes where the admin said and the check allowed.
+    return urllib.request.build_opener(
+        urllib.request.ProxyHandler({}),
+        _NoRedirects,
+        _PinnedHTTPHandler(addresses),
+        _PinnedHTTPSHandler(addresses),
+    )
 
 
 def post(url: str, body: bytes, headers: dict[str, str]) -> Outcome:
-    """One POST, no redirects followed, bounded by TIMEOUT_SECONDS."""
+    """One POST, no redirects followed, bounded by TIMEOUT_SECONDS.
+
+    The host is resolved once here and every address checked (unless private targets are
+    allowed); the connection then goes to a checked address. A refused target is a failed
+    attempt like any other, so it is retried with backoff: a DNS change may fix it.
+    """
     started = time.monotonic()
 
     def took() -> int:
         return int((time.monotonic() - started) * 1000)
 
     try:
-        check_url(url)
+        host, port = _target(url)
+        addresses, literal = _addresses(host, port)
+        refusal = _refusal(host, addresses, literal)
+        if refusal:
+            return Outcome(False, None, f"refused: {refusal}", took())
         request = urllib.request.Request(url, data=body, headers=headers, method="POST")
-        with _OPENER.open(request, timeout=TIMEOUT_SECONDS) as response:
+        with _opener(addresses).open(request, timeout=TIMEOUT_SECONDS) as response:
             code = response.status
     except WebhookURLError as error:
         return Outcome(False, None, str(error), took())
+    except _Unresolvable as error:
+        return Outcome(False, None, _short(f"cannot connect: {error}"), took())
     except urllib.error.HTTPError as error:
         code = error.code
         error.close()

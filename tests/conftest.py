@@ -34,6 +34,13 @@ def _fast_passwords(settings):
 
 
 @pytest.fixture(autouse=True)
+def _private_webhooks_allowed(settings):
+    """Test receivers listen on 127.0.0.1 (as the demo's does), so private webhook targets are
+    allowed, whatever the environment says; the tests of the SSRF guard turn it off."""
+    settings.NOTIFICATIONS_ALLOW_PRIVATE_WEBHOOKS = True
+
+
+@pytest.fixture(autouse=True)
 def effect_log(tmp_path, settings, monkeypatch) -> Path:
     """Where the demo tools record each real side effect, per test and for its subprocesses."""
     path = tmp_path / "effects.log"

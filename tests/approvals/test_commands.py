@@ -63,6 +63,21 @@ def _counts() -> dict[str, int]:
 # --- seed_demo ------------------------------------------------------------------------------
 
 
+def test_seed_demo_webhook_is_left_out_where_private_targets_are_refused(settings, monkeypatch):
+    from approvals.management.commands import seed_demo
+    from approvals.management.commands.seed_demo import _seed_webhook
+    from notifications.models import WebhookEndpoint
+
+    monkeypatch.setattr(seed_demo, "DEMO_WEBHOOK_URL", "http://127.0.0.1:8025/")
+    settings.NOTIFICATIONS_ALLOW_PRIVATE_WEBHOOKS = False
+    tenant = TenantFactory(slug="acme")
+
+    outcome = _seed_webhook(tenant, member(tenant, "admin", username="acme-admin"))
+
+    assert outcome == ("127.0.0.1 is a loopback address; webhooks may only go to public addresses.")
+    assert WebhookEndpoint.objects.count() == 0
+
+
 # The ORM sessions it seeds are written from a worker thread, so the data must be committed.
 @pytest.mark.django_db(transaction=True)
 def test_seed_demo_creates_tenants_users_and_paused_runs(session_dir):

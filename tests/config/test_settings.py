@@ -25,6 +25,7 @@ SETTINGS_VARIABLES = (
     "APPROVALS_ENCRYPTION_KEYS",
     "DJANGO_ALLOWED_HOSTS",
     "DJANGO_DEBUG",
+    "NOTIFICATIONS_ALLOW_PRIVATE_WEBHOOKS",
     "REDIS_URL",
 )
 
@@ -87,6 +88,11 @@ def test_manage_check_good_environment_passes():
             "DJANGO_DEBUG='maybe' is not a boolean (use 1/0, true/false, yes/no)",
         ),
         (
+            {"NOTIFICATIONS_ALLOW_PRIVATE_WEBHOOKS": "sometimes"},
+            "NOTIFICATIONS_ALLOW_PRIVATE_WEBHOOKS='sometimes' is not a boolean "
+            "(use 1/0, true/false, yes/no)",
+        ),
+        (
             {"APPROVALS_ENV": "production", "DJANGO_SECRET_KEY": None},
             "DJANGO_SECRET_KEY must be set when APPROVALS_ENV=production",
         ),
@@ -101,6 +107,7 @@ def test_manage_check_good_environment_passes():
         "key-too-short",
         "keys-without-id",
         "debug-not-boolean",
+        "private-webhooks-not-boolean",
         "production-without-secret-key",
         "unknown-env",
     ],
@@ -111,6 +118,36 @@ def test_manage_check_bad_environment_exits_2_with_one_line(overrides, message):
     assert result.returncode == 2
     assert result.stderr.splitlines() == [f"configuration error: {message}"]
     assert result.stdout == ""
+
+
+def _setting(name: str, **overrides: str) -> str:
+    """The repr of one setting as a process started with this environment sees it."""
+    env = {k: v for k, v in os.environ.items() if k not in SETTINGS_VARIABLES}
+    env.update(
+        DJANGO_SETTINGS_MODULE="config.settings",
+        DATABASE_URL="sqlite:///var/helper-c-settings.sqlite3",
+        DJANGO_SECRET_KEY="test-secret-key-for-settings-tests",
+        APPROVALS_ENCRYPTION_KEYS=f"k1:{KEY_A}",
+        DJANGO_ALLOWED_HOSTS="console.example.com",
+        **overrides,
+    )
+    code = f"from django.conf import settings; print(repr(settings.{name}))"
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip()
+
+
+def test_private_webhooks_are_allowed_in_development_refused_in_production_unless_set():
+    name = "NOTIFICATIONS_ALLOW_PRIVATE_WEBHOOKS"
+
+    assert [
+        _setting(name),
+        _setting(name, APPROVALS_ENV="production"),
+        _setting(name, APPROVALS_ENV="production", NOTIFICATIONS_ALLOW_PRIVATE_WEBHOOKS="1"),
+        _setting(name, NOTIFICATIONS_ALLOW_PRIVATE_WEBHOOKS="no"),
+    ] == ["True", "False", "True", "False"]
 
 
 # --- database_from_url ----------------------------------------------------------------------

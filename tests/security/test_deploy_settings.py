@@ -33,6 +33,7 @@ SETTINGS_VARIABLES = (
     "DJANGO_SECURE_SSL_REDIRECT",
     "DJANGO_HSTS_SECONDS",
     "DJANGO_CSRF_TRUSTED_ORIGINS",
+    "NOTIFICATIONS_ALLOW_PRIVATE_WEBHOOKS",
     "REDIS_URL",
 )
 HEADERS = {
@@ -117,6 +118,8 @@ PRODUCTION_SETTINGS = {
     "X_FRAME_OPTIONS": "DENY",
     "ALLOWED_HOSTS": [HOST],
     "SECURE_PROXY_SSL_HEADER": ["HTTP_X_FORWARDED_PROTO", "https"],
+    # Webhooks to private, loopback and link-local addresses are refused (the SSRF guard).
+    "NOTIFICATIONS_ALLOW_PRIVATE_WEBHOOKS": False,
 }
 
 

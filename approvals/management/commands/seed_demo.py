@@ -120,21 +120,31 @@ class Command(BaseCommand):
         self.stdout.write("  admin (Django admin superuser)")
         self.stdout.write(
             f"  acme webhook {webhook.pk} -> {webhook.url} (manage.py webhook_receiver)"
+            if isinstance(webhook, WebhookEndpoint)
+            else f"  acme webhook not seeded: {webhook}"
         )
 
 
-def _seed_webhook(tenant: Tenant, admin) -> WebhookEndpoint:
-    """acme's demo webhook, for every event, to the local development receiver. Idempotent."""
+def _seed_webhook(tenant: Tenant, admin) -> WebhookEndpoint | str:
+    """acme's demo webhook, for every event, to the local development receiver. Idempotent.
+
+    Where private webhook targets are refused (NOTIFICATIONS_ALLOW_PRIVATE_WEBHOOKS off, as in
+    production) a loopback URL is refused too: then there is no demo webhook, and the reason
+    is returned instead.
+    """
     existing = WebhookEndpoint.objects.filter(tenant=tenant, url=DEMO_WEBHOOK_URL).first()
     if existing:
         return existing
-    endpoint, _ = notifications.create_endpoint(
-        tenant=tenant,
-        user=admin,
-        url=DEMO_WEBHOOK_URL,
-        description="Demo receiver: manage.py webhook_receiver, started by bin/run-dev",
-        events=list(Event.values),
-    )
+    try:
+        endpoint, _ = notifications.create_endpoint(
+            tenant=tenant,
+            user=admin,
+            url=DEMO_WEBHOOK_URL,
+            description="Demo receiver: manage.py webhook_receiver, started by bin/run-dev",
+            events=list(Event.values),
+        )
+    except notifications.WebhookURLError as error:
+        return str(error)
     return endpoint
 
 

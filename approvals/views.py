@@ -611,6 +611,8 @@ ACTION_LABELS = {
     "webhook.delivered": "Webhook delivered",
     "webhook.failed": "Webhook delivery failed",
     "webhook.retried": "Webhook delivery retried",
+    "email.failed": "Notification email failed",
+    "email.retried": "Notification email retried",
 }
 
 

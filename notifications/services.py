@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import re
 import secrets
+import smtplib
 import time
 import urllib.error
 import urllib.request
@@ -705,9 +706,21 @@ def mask_address(address: str) -> str:
     return f"{local[:1]}***@{domain}" if local and domain else "***"
 
 
+def _smtp_text(value: object) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
 def _email_error(error: Exception) -> str:
+    if isinstance(error, smtplib.SMTPRecipientsRefused):
+        # One recipient per message: the reply for it, without the dict around it.
+        text = "; ".join(
+            f"refused: {code} {_smtp_text(reply)}" for code, reply in error.recipients.values()
+        )
+    elif isinstance(error, smtplib.SMTPResponseException):
+        text = f"SMTP {error.smtp_code}: {_smtp_text(error.smtp_error)}"
+    else:
+        text = f"{type(error).__name__}: {error}"
     # SMTP replies often quote the address; the row names the recipient, the error need not.
-    text = f"{type(error).__name__}: {error}"
     return _short(_ADDRESS.sub(lambda match: mask_address(match.group()), text))
 
 

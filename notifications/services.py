@@ -802,7 +802,7 @@ def _record_email(email: EmailDelivery, error: str, now: datetime) -> EmailDeliv
 
 def _audit_email(email: EmailDelivery, action: str, *, actor) -> None:
     # The address is personal data and the audit log is append-only: it keeps the row's id
-    # (the row, which the tenant can delete, has the address) and a masked form only.
+    # (the row, which goes with its tenant, has the address) and a masked form only.
     audit.append(
         tenant_id=email.tenant_id,
         action=action,

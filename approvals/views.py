@@ -613,6 +613,8 @@ ACTION_LABELS = {
     "webhook.failed": "Webhook delivery failed",
     "webhook.retried": "Webhook delivery retried",
     "webhook.pinged": "Webhook test event sent",
+    "email.failed": "Notification email failed",
+    "email.retried": "Notification email retried",
 }
 
 

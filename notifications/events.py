@@ -1,5 +1,5 @@
 """Which audit actions notify, and as which event. Everything else (votes, claims, comments,
-webhook.* itself) notifies no one."""
+and the notifications' own webhook.* and email.* events) notifies no one."""
 
 from __future__ import annotations
 

@@ -46,3 +46,16 @@ class DeliveryFilterForm(forms.Form):
         if value and value not in DeliveryStatus.values:
             raise forms.ValidationError("Choose pending, delivered or failed.")
         return value
+
+
+class EmailFilterForm(forms.Form):
+    status = forms.CharField(required=False, max_length=16)
+    after = forms.CharField(required=False, max_length=200)
+
+    def clean_status(self) -> str:
+        from notifications.models import DeliveryStatus
+
+        value = self.cleaned_data["status"]
+        if value and value not in DeliveryStatus.values:
+            raise forms.ValidationError("Choose pending, delivered or failed.")
+        return value

@@ -1,4 +1,5 @@
-"""Webhook endpoints per tenant and one delivery row per (endpoint, audit event)."""
+"""Webhook endpoints per tenant, one delivery row per (endpoint, audit event), and one email
+delivery row per (audit event, recipient)."""
 
 from __future__ import annotations
 
@@ -115,6 +116,64 @@ class Delivery(models.Model):
     def error_note(self) -> str:
         """The last error, unless it only repeats the HTTP status shown beside it."""
         return "" if self.last_error == f"HTTP {self.last_status_code}" else self.last_error
+
+    @property
+    def can_retry(self) -> bool:
+        return self.status == DeliveryStatus.FAILED
+
+
+class EmailDelivery(models.Model):
+    """One notification email to one address, so a bad mailbox retries only itself."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    # The audit event this email tells about; no constraint, like the audit log's own links.
+    audit_event = models.ForeignKey(
+        "approvals.AuditEvent",
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        related_name="+",
+    )
+    event = models.CharField(max_length=32, choices=Event.choices)
+    recipient = models.EmailField(max_length=254)
+    # Rendered once at fan-out, so every attempt sends the same message. Like the payload of a
+    # webhook it holds ids, the tool, the digest, the status and a link, never argument values.
+    subject = models.CharField(max_length=200)
+    body = models.TextField()
+    status = models.CharField(
+        max_length=16, choices=DeliveryStatus.choices, default=DeliveryStatus.PENDING
+    )
+    attempts = models.PositiveIntegerField(default=0)
+    next_attempt_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.CharField(max_length=200, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(default=timezone.now)
+    delivered_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["audit_event", "recipient"], name="email_delivery_event_recipient_unique"
+            )
+        ]
+        indexes = [
+            models.Index(
+                fields=["tenant", "-created_at", "-id"], name="email_delivery_tenant_time"
+            ),
+            # The reaper's scan for pending emails that lost their task.
+            models.Index(fields=["status", "next_attempt_at"], name="email_delivery_due"),
+        ]
+
+    def __str__(self) -> str:
+        return f"email {self.pk} {self.event} ({self.status})"
+
+    @property
+    def link(self) -> str:
+        """The ticket or run the email tells about: the body's "Open it:" line."""
+        for line in self.body.splitlines():
+            if line.startswith("Open it: "):
+                url = line.removeprefix("Open it: ").strip()
+                return url if url.startswith(("http://", "https://")) else ""
+        return ""
 
     @property
     def can_retry(self) -> bool:

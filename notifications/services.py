@@ -16,7 +16,9 @@ import functools
 import http.client
 import ipaddress
 import json
+import re
 import secrets
+import smtplib
 import socket
 import ssl
 import time
@@ -28,7 +30,7 @@ from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.core.mail import send_mass_mail
+from django.core.mail import EmailMessage
 from django.db import connection, transaction
 from django.template.loader import render_to_string
 from django.urls import reverse
@@ -39,7 +41,13 @@ from approvals.models import DECIDING_ROLES, ApproverGroup, AuditEvent, Membersh
 from approvals.redaction import redact
 from notifications import signing
 from notifications.events import event_for
-from notifications.models import Delivery, DeliveryStatus, Event, WebhookEndpoint
+from notifications.models import (
+    Delivery,
+    DeliveryStatus,
+    EmailDelivery,
+    Event,
+    WebhookEndpoint,
+)
 
 SECRET_PURPOSE = "webhook-secret"
 MAX_ATTEMPTS = 5
@@ -470,8 +478,9 @@ def fan_out(*, audit_event: AuditEvent) -> list[Delivery]:
     """Turn a committed audit event into deliveries and emails.
 
     Side effects: one Delivery row per active endpoint of the tenant that wants the event
-    (idempotent per endpoint and event) with its delivery task enqueued; one email task when
-    the event has recipients. Nothing at all for an audit action that does not notify.
+    (idempotent per endpoint and event) with its delivery task enqueued; one EmailDelivery row
+    per recipient (idempotent per recipient and event), its message rendered now, with its
+    email task enqueued. Nothing at all for an audit action that does not notify.
     """
     event = event_for(audit_event)
     if event is None:
@@ -483,7 +492,7 @@ def fan_out(*, audit_event: AuditEvent) -> list[Delivery]:
     recipients = recipients_for(facts, audit_event.tenant_id)
     if not endpoints and not recipients:
         return []
-    from notifications.tasks import deliver_webhook_task, send_email_task
+    from notifications.tasks import deliver_webhook_task
 
     body = json.dumps(facts.payload(audit_event), separators=(",", ":"), sort_keys=True)
     now = timezone.now()
@@ -506,8 +515,9 @@ def fan_out(*, audit_event: AuditEvent) -> list[Delivery]:
                 deliver_webhook_task.enqueue(delivery.pk)
                 created.append(delivery)
         if recipients:
-            send_email_task.enqueue(audit_event.pk, recipients)
-        if created:
+            subject, text = email_for(facts)
+            _create_emails(audit_event, event, subject, text, recipients, now)
+        if created or recipients:
             live.notify_admins_on_commit(audit_event.tenant_id, status=DeliveryStatus.PENDING)
         _wake_worker()
     return created
@@ -767,28 +777,33 @@ STALE = timedelta(minutes=2)
 
 
 def requeue_stale(*, now: datetime | None = None) -> int:
-    """Give lost deliveries a task again; called by the worker's reaper loop.
+    """Give lost webhook and email deliveries a task again; called by the worker's reaper loop.
 
-    Side effects: each pending delivery whose next attempt is more than STALE overdue gets its
-    task enqueued and its next attempt set to now (so the next pass leaves it alone). A
-    duplicate task is harmless: the claim lets one attempt through.
+    Side effects: each pending Delivery and EmailDelivery whose next attempt is more than STALE
+    overdue (up to 500 of each a pass) gets its task enqueued and its next attempt set to now
+    (so the next pass leaves it alone). A duplicate task is harmless: the claim lets one
+    attempt through.
     """
-    from notifications.tasks import deliver_webhook_task
+    from notifications.tasks import deliver_email_task, deliver_webhook_task
 
     now = now or timezone.now()
+    found = 0
     with transaction.atomic():
-        stale = list(
-            Delivery.objects.select_for_update()
-            .filter(status=DeliveryStatus.PENDING, next_attempt_at__lt=now - STALE)
-            .values_list("pk", flat=True)[:500]
-        )
-        if not stale:
-            return 0
-        Delivery.objects.filter(pk__in=stale).update(next_attempt_at=now, updated_at=now)
-        for pk in stale:
-            deliver_webhook_task.enqueue(pk)
-        _wake_worker()
-    return len(stale)
+        for model, task in ((Delivery, deliver_webhook_task), (EmailDelivery, deliver_email_task)):
+            stale = list(
+                model.objects.select_for_update()
+                .filter(status=DeliveryStatus.PENDING, next_attempt_at__lt=now - STALE)
+                .values_list("pk", flat=True)[:500]
+            )
+            if not stale:
+                continue
+            model.objects.filter(pk__in=stale).update(next_attempt_at=now, updated_at=now)
+            for pk in stale:
+                task.enqueue(pk)
+            found += len(stale)
+        if found:
+            _wake_worker()
+    return found
 
 
 class NotRetryable(Exception):
@@ -907,15 +922,197 @@ def email_for(facts: Facts) -> tuple[str, str]:
     return subject, body
 
 
-def send_email(*, audit_event_id: int, recipients: list[str]) -> int:
-    """Send the email about one audit event.
+def _create_emails(
+    audit_event: AuditEvent,
+    event: str,
+    subject: str,
+    body: str,
+    recipients: list[str],
+    now: datetime,
+) -> list[EmailDelivery]:
+    """One EmailDelivery per new recipient, each with its task; the caller's transaction."""
+    from notifications.tasks import deliver_email_task
 
-    Side effects: one message per recipient (no one sees the others' addresses) through
-    EMAIL_BACKEND.
+    created = []
+    for recipient in recipients:
+        email, new = EmailDelivery.objects.get_or_create(
+            audit_event_id=audit_event.pk,
+            recipient=recipient,
+            defaults={
+                "tenant_id": audit_event.tenant_id,
+                "event": event,
+                "subject": subject,
+                "body": body,
+                "next_attempt_at": now,
+                "created_at": now,
+                "updated_at": now,
+            },
+        )
+        if new:
+            deliver_email_task.enqueue(email.pk)
+            created.append(email)
+    return created
+
+
+def send_email(*, audit_event_id: int, recipients: list[str]) -> int:
+    """Record the emails of a task queued before each email had its own row (upgrades only).
+
+    Side effects: one EmailDelivery row per recipient without one, with its task enqueued,
+    exactly as fan_out writes them. Returns how many rows were new; nothing is sent here.
     """
     audit_event = AuditEvent.objects.get(pk=audit_event_id)
     event = event_for(audit_event)
     if event is None or not recipients:
         return 0
     subject, body = email_for(facts_for(audit_event, event))
-    return send_mass_mail([(subject, body, None, [to]) for to in recipients])
+    with transaction.atomic():
+        created = _create_emails(audit_event, event, subject, body, recipients, timezone.now())
+        _wake_worker()
+    return len(created)
+
+
+_ADDRESS = re.compile(r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+")
+
+
+def mask_address(address: str) -> str:
+    """a***@example.com: tells mailboxes apart in the audit log without keeping the address."""
+    local, _, domain = address.rpartition("@")
+    return f"{local[:1]}***@{domain}" if local and domain else "***"
+
+
+def _smtp_text(value: object) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def _email_error(error: Exception) -> str:
+    if isinstance(error, smtplib.SMTPRecipientsRefused):
+        # One recipient per message: the reply for it, without the dict around it.
+        text = "; ".join(
+            f"refused: {code} {_smtp_text(reply)}" for code, reply in error.recipients.values()
+        )
+    elif isinstance(error, smtplib.SMTPResponseException):
+        text = f"SMTP {error.smtp_code}: {_smtp_text(error.smtp_error)}"
+    else:
+        text = f"{type(error).__name__}: {error}"
+    # SMTP replies often quote the address; the row names the recipient, the error need not.
+    return _short(_ADDRESS.sub(lambda match: mask_address(match.group()), text))
+
+
+def _claim_email(email_id: int, now: datetime) -> EmailDelivery | None:
+    with transaction.atomic():
+        email = EmailDelivery.objects.select_for_update().filter(pk=email_id).first()
+        if email is None or email.status != DeliveryStatus.PENDING:
+            return None
+        # Another task holds it, or this one ran before its time: leave it to that one.
+        if email.next_attempt_at and email.next_attempt_at > now + timedelta(seconds=1):
+            return None
+        email.attempts += 1
+        email.next_attempt_at = now + IN_FLIGHT
+        email.updated_at = now
+        email.save(update_fields=["attempts", "next_attempt_at", "updated_at"])
+        return email
+
+
+def attempt_email(email_id: int, *, now: datetime | None = None) -> EmailDelivery | None:
+    """Send one attempt of a pending email whose time has come; None when there was none.
+
+    Side effects: claims the attempt (attempts + 1) in a short transaction, hands the one
+    message to EMAIL_BACKEND outside any transaction, then records the outcome: delivered (not
+    audited: one row per recipient would flood the log, and the row keeps delivered_at); or,
+    after MAX_ATTEMPTS, failed (audit email.failed); or pending with the next attempt enqueued
+    after the backoff.
+    """
+    now = now or timezone.now()
+    email = _claim_email(email_id, now)
+    if email is None:
+        return None
+    message = EmailMessage(email.subject, email.body, None, [email.recipient])
+    try:
+        message.send(fail_silently=False)
+    except Exception as error:
+        # Whatever the backend raises (SMTP refusals, a socket error, a bad header), the
+        # attempt failed and is recorded; the task itself does not fail.
+        error_text = _email_error(error)
+    else:
+        error_text = ""
+    return _record_email(email, error_text, now)
+
+
+def _record_email(email: EmailDelivery, error: str, now: datetime) -> EmailDelivery:
+    from notifications.tasks import deliver_email_task
+
+    with transaction.atomic():
+        if not EmailDelivery.objects.select_for_update().filter(pk=email.pk).exists():
+            return email  # its tenant was deleted during the attempt
+        email.last_error = error
+        email.updated_at = now
+        action = ""
+        if not error:
+            email.status = DeliveryStatus.DELIVERED
+            email.delivered_at = now
+            email.next_attempt_at = None
+        elif email.attempts >= MAX_ATTEMPTS:
+            email.status = DeliveryStatus.FAILED
+            email.next_attempt_at = None
+            action = "email.failed"
+        else:
+            email.next_attempt_at = now + BACKOFF[min(email.attempts, len(BACKOFF)) - 1]
+        email.save(
+            update_fields=[
+                "status",
+                "attempts",
+                "next_attempt_at",
+                "last_error",
+                "updated_at",
+                "delivered_at",
+            ]
+        )
+        if action:
+            _audit_email(email, action, actor=None)
+        elif email.status == DeliveryStatus.PENDING:
+            deliver_email_task.using(run_after=email.next_attempt_at).enqueue(email.pk)
+        live.notify_admins_on_commit(email.tenant_id, email=email.pk, status=email.status)
+    return email
+
+
+def _audit_email(email: EmailDelivery, action: str, *, actor) -> None:
+    # The address is personal data and the audit log is append-only: it keeps the row's id
+    # (the row, which goes with its tenant, has the address) and a masked form only.
+    audit.append(
+        tenant_id=email.tenant_id,
+        action=action,
+        actor=actor,
+        actor_name="" if actor else "notifications",
+        outcome=email.status,
+        detail={
+            "delivery": email.pk,
+            "recipient": mask_address(email.recipient),
+            "event": email.event,
+            "audit_event": email.audit_event_id,
+            "attempts": email.attempts,
+            "error": email.last_error,
+        },
+    )
+
+
+def retry_email(email: EmailDelivery, *, user) -> EmailDelivery:
+    """Send a failed email again from its first attempt, the same message as before.
+
+    Side effects: the email goes back to pending with attempts 0 (compare-and-set on failed,
+    so two clicks retry once); audit email.retried; its task enqueued.
+    """
+    from notifications.tasks import deliver_email_task
+
+    now = timezone.now()
+    with transaction.atomic():
+        won = EmailDelivery.objects.filter(pk=email.pk, status=DeliveryStatus.FAILED).update(
+            status=DeliveryStatus.PENDING, attempts=0, next_attempt_at=now, updated_at=now
+        )
+        if not won:
+            raise NotRetryable("only a failed email can be retried")
+        email.refresh_from_db()
+        _audit_email(email, "email.retried", actor=user)
+        deliver_email_task.enqueue(email.pk)
+        live.notify_admins_on_commit(email.tenant_id, email=email.pk, status=email.status)
+        _wake_worker()
+    return email

@@ -14,7 +14,16 @@ def deliver_webhook_task(delivery_id: int) -> str:
 
 
 @task()
+def deliver_email_task(email_id: int) -> str:
+    from notifications import services
+
+    email = services.attempt_email(email_id)
+    return email.status if email else "skipped"
+
+
+@task()
 def send_email_task(audit_event_id: int, recipients: list[str]) -> int:
+    """Kept for tasks queued before each email had a row: it only writes those rows."""
     from notifications import services
 
     return services.send_email(audit_event_id=audit_event_id, recipients=recipients)

@@ -14,4 +14,6 @@ urlpatterns = [
     path("<slug:tenant>/webhooks/<int:endpoint>/ping/", views.endpoint_ping, name="ping"),
     path("<slug:tenant>/deliveries/", views.delivery_log, name="deliveries"),
     path("<slug:tenant>/deliveries/<int:delivery>/retry/", views.delivery_retry, name="retry"),
+    path("<slug:tenant>/emails/", views.email_log, name="emails"),
+    path("<slug:tenant>/emails/<int:email>/retry/", views.email_retry, name="email_retry"),
 ]

@@ -1,4 +1,5 @@
-"""Webhooks and their delivery log: admins of the tenant only; everyone else gets 404."""
+"""Webhooks, their delivery log and the email log: admins of the tenant only; everyone else
+gets 404."""
 
 from __future__ import annotations
 
@@ -15,10 +16,11 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from approvals.models import Membership, Role, Tenant
 from approvals.pagination import BadCursor, after_descending
 from notifications import services
-from notifications.forms import DeliveryFilterForm, EndpointForm
-from notifications.models import Delivery, DeliveryStatus, WebhookEndpoint
+from notifications.forms import DeliveryFilterForm, EmailFilterForm, EndpointForm
+from notifications.models import Delivery, DeliveryStatus, EmailDelivery, WebhookEndpoint
 
 DELIVERY_PAGE = 50
+EMAIL_PAGE = 50
 
 
 def _admin_tenants(request: HttpRequest) -> dict[str, Tenant]:
@@ -188,10 +190,7 @@ def delivery_log(request: HttpRequest, tenant: str) -> HttpResponse:
         "problems": [m for errors in form.errors.values() for m in errors],
         "statuses": DeliveryStatus.choices,
     }
-    template = "notifications/deliveries.html"
-    if page and request.htmx and request.htmx.target == "delivery-rows":
-        template += "#rows"  # a live re-read: the rows alone
-    return render(request, template, context, status=200 if page else 400)
+    return _log_response(request, "notifications/deliveries.html", "delivery-rows", context)
 
 
 @login_required
@@ -205,3 +204,67 @@ def delivery_retry(request: HttpRequest, tenant: str, delivery: int) -> HttpResp
     else:
         messages.success(request, f"Delivery {row.pk} will be sent again.")
     return redirect(reverse("notifications:deliveries", kwargs={"tenant": tenant}))
+
+
+@login_required
+@require_GET
+def email_log(request: HttpRequest, tenant: str) -> HttpResponse:
+    tenants = _admin_tenants(request)
+    tenant_row = tenants.get(tenant)
+    if tenant_row is None:
+        raise Http404("No such page.")
+    form = EmailFilterForm(request.GET)
+    page = None
+    if form.is_valid():
+        emails = EmailDelivery.objects.filter(tenant=tenant_row)
+        if form.cleaned_data["status"]:
+            emails = emails.filter(status=form.cleaned_data["status"])
+        try:
+            page = after_descending(
+                emails,
+                ("created_at", "id"),
+                form.cleaned_data["after"] or None,
+                (datetime, int),
+                EMAIL_PAGE,
+            )
+        except BadCursor as error:
+            form.add_error("after", str(error))
+    next_query = ""
+    if page and page.next_cursor:
+        query = request.GET.copy()
+        query["after"] = page.next_cursor
+        next_query = query.urlencode()
+    context = {
+        "tenant": tenant_row,
+        "admin_tenants": sorted(tenants),
+        "form": form,
+        "page": page,
+        "next_query": next_query,
+        "problems": [m for errors in form.errors.values() for m in errors],
+        "statuses": DeliveryStatus.choices,
+    }
+    return _log_response(request, "notifications/emails.html", "email-rows", context)
+
+
+def _log_response(request: HttpRequest, template: str, region: str, context: dict) -> HttpResponse:
+    """A log page, or its rows alone when its live region re-reads itself."""
+    page = context["page"]
+    if page and request.htmx and request.htmx.target == region:
+        template += "#rows"
+    return render(request, template, context, status=200 if page else 400)
+
+
+@login_required
+@require_POST
+def email_retry(request: HttpRequest, tenant: str, email: int) -> HttpResponse:
+    tenant_row = _get_tenant_for_admin(request, tenant)
+    row = EmailDelivery.objects.filter(pk=email, tenant=tenant_row).first()
+    if row is None:
+        raise Http404("No such email.")
+    try:
+        services.retry_email(row, user=request.user)
+    except services.NotRetryable as error:
+        messages.error(request, f"Email {row.pk} was not retried: {error}.")
+    else:
+        messages.success(request, f"Email {row.pk} will be sent again.")
+    return redirect(reverse("notifications:emails", kwargs={"tenant": tenant}))

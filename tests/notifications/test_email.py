@@ -1,24 +1,30 @@
-"""Notification email through Django's email backend (locmem here), sent by the task queue."""
+"""Notification email through Django's email backend (locmem here): one recorded row per
+recipient, sent by the task queue, retried with backoff."""
 
 from __future__ import annotations
 
+import smtplib
 from datetime import timedelta
 
 import pytest
 from django.contrib.auth.models import User
 from django.core import mail
+from django.core.mail import EmailMessage
 from django.db import transaction
 from django.utils import timezone
 from django_tasks_db.models import DBTaskResult
 
 from approvals import audit, services
-from approvals.models import ApproverGroup, Role, Ticket
-from notifications.tasks import send_email_task
+from approvals.models import ApproverGroup, AuditEvent, Role, Ticket
+from notifications import services as notifications
+from notifications.models import EmailDelivery
+from notifications.tasks import deliver_email_task, send_email_task
 from tests.factories import member, paused_run
+from tests.notifications.mail_backends import RefusingBackend
 
 pytestmark = pytest.mark.django_db
 
-EMAIL_TASK = "notifications.tasks.send_email_task"
+EMAIL_TASK = "notifications.tasks.deliver_email_task"
 
 
 @pytest.fixture(autouse=True)
@@ -34,9 +40,10 @@ def with_email(user, address: str):
 
 
 def run_email_tasks() -> None:
-    """What the worker does: run each queued email task once."""
-    for row in DBTaskResult.objects.filter(task_path=EMAIL_TASK).order_by("enqueued_at"):
-        send_email_task.call(*row.args_kwargs["args"], **row.args_kwargs["kwargs"])
+    """What the worker does: run each queued email task once (in the order of their rows)."""
+    rows = DBTaskResult.objects.filter(task_path=EMAIL_TASK)
+    for row in sorted(rows, key=lambda r: r.args_kwargs["args"][0]):
+        deliver_email_task.call(*row.args_kwargs["args"], **row.args_kwargs["kwargs"])
         row.delete()
 
 
@@ -173,3 +180,241 @@ def test_email_never_carries_argument_values(tenant, people, django_capture_on_c
     body = mail.outbox[0].body.replace(run.title, "")
     assert '"release"' not in body and "2026.07.24" not in body
     assert ticket.arguments_digest in body
+
+
+# --- recorded, retried, failed ----------------------------------------------------------------
+
+
+@pytest.fixture
+def smtp(settings):
+    """The refusing backend, reset: set `.down` or add addresses to `.refused`."""
+    settings.EMAIL_BACKEND = "tests.notifications.mail_backends.RefusingBackend"
+    RefusingBackend.refused = set()
+    RefusingBackend.down = False
+    yield RefusingBackend
+    RefusingBackend.refused = set()
+    RefusingBackend.down = False
+
+
+def escalate(tenant, people, detail=None):
+    """A ticket.escalated event (to every deciding member unless a group is named), fanned out."""
+    run = paused_run(tenant, requested_by=people["requester"])
+    ticket = Ticket.objects.get(run=run)
+    with transaction.atomic():
+        event = audit.append(
+            tenant_id=tenant.pk,
+            action="ticket.escalated",
+            actor_name="policy",
+            run_id=run.pk,
+            ticket_id=ticket.pk,
+            tool_name=ticket.tool_name,
+            outcome="pending",
+            detail=detail,
+        )
+    notifications.fan_out(audit_event=event)
+    return event
+
+
+def email_tasks() -> list[tuple[int, object]]:
+    """(email id, run_after or None) of the queued email tasks."""
+    tasks = (
+        (row.args_kwargs["args"][0], row.run_after if row.run_after.year < 9999 else None)
+        for row in DBTaskResult.objects.filter(task_path=EMAIL_TASK)
+    )
+    return sorted(tasks, key=lambda t: (t[0], t[1].isoformat() if t[1] else ""))
+
+
+def test_email_fan_out_records_one_pending_row_per_recipient_with_the_message(tenant, people):
+    event = escalate(tenant, people)
+
+    rows = list(EmailDelivery.objects.filter(audit_event_id=event.pk).order_by("recipient"))
+    assert [(r.recipient, r.status, r.attempts) for r in rows] == [
+        ("ada@example.com", "pending", 0),
+        ("ann@example.com", "pending", 0),
+        ("bob@example.com", "pending", 0),
+    ]
+    assert {r.subject for r in rows} == {"[Acme Corp] Escalated: deploy_release needs a decision"}
+    assert all(f"/tickets/{event.ticket_id}/" in r.body for r in rows)
+    assert rows[0].link == f"https://approvals.example.com/tickets/{event.ticket_id}/"
+    assert [pk for pk, _ in email_tasks()] == sorted(r.pk for r in rows)
+    # Twice for one event: no new rows, no new tasks.
+    notifications.fan_out(audit_event=event)
+    assert EmailDelivery.objects.filter(audit_event_id=event.pk).count() == 3
+    assert len(email_tasks()) == 3
+
+    run_email_tasks()
+
+    rows = list(EmailDelivery.objects.filter(audit_event_id=event.pk))
+    assert {(r.status, r.attempts, r.last_error) for r in rows} == {("delivered", 1, "")}
+    assert all(r.delivered_at is not None and r.next_attempt_at is None for r in rows)
+    assert len(mail.outbox) == 3
+    # A delivered email is not audited (one row per recipient would flood the log).
+    assert not AuditEvent.objects.filter(action__startswith="email.").exists()
+
+
+def test_email_smtp_down_is_retried_with_backoff_then_failed_and_audited(tenant, people, smtp):
+    smtp.down = True
+    event = escalate(tenant, people, detail={"group": "security"})
+    group = ApproverGroup.objects.create(tenant=tenant, name="security")
+    group.members.add(people["approver2"])
+    EmailDelivery.objects.all().delete()
+    DBTaskResult.objects.all().delete()
+    notifications.fan_out(audit_event=event)
+    email = EmailDelivery.objects.get()
+    assert email.recipient == "bob@example.com"
+    now = timezone.now()
+    waits = []
+
+    for attempt in range(1, notifications.MAX_ATTEMPTS + 1):
+        if attempt > 1:
+            # Too early: nothing is sent before the next attempt's time.
+            assert notifications.attempt_email(email.pk, now=now - timedelta(seconds=2)) is None
+        email = notifications.attempt_email(email.pk, now=now)
+        assert email.attempts == attempt
+        if attempt == 1:
+            assert (email.status, email.next_attempt_at) == ("pending", now + timedelta(seconds=10))
+            assert email.last_error == "ConnectionRefusedError: [Errno 111] Connection refused"
+            assert email_tasks() == [(email.pk, None), (email.pk, now + timedelta(seconds=10))]
+        if email.next_attempt_at:
+            waits.append(email.next_attempt_at - now)
+            now = email.next_attempt_at
+
+    assert waits == notifications.BACKOFF
+    assert (email.status, email.next_attempt_at) == ("failed", None)
+    assert mail.outbox == []
+    # One task per attempt: the fan-out's, then four scheduled after their backoff.
+    assert len(email_tasks()) == notifications.MAX_ATTEMPTS
+    failed = AuditEvent.objects.get(action="email.failed")
+    assert (failed.outcome, failed.actor_name) == ("failed", "notifications")
+    assert failed.detail == {
+        "delivery": email.pk,
+        "recipient": "b***@example.com",
+        "event": "ticket.escalated",
+        "audit_event": event.pk,
+        "attempts": 5,
+        "error": "ConnectionRefusedError: [Errno 111] Connection refused",
+    }
+    # The audit event notifies no one, and a failed email is never sent again by itself.
+    assert EmailDelivery.objects.count() == 1
+    assert notifications.attempt_email(email.pk, now=now + timedelta(days=1)) is None
+    smtp.down = False
+    assert deliver_email_task.call(email.pk) == "skipped"
+    assert mail.outbox == []
+
+
+def test_email_a_refused_recipient_is_retried_alone_with_the_same_message(tenant, people, smtp):
+    smtp.refused.add("bob@example.com")
+    event = escalate(tenant, people)
+
+    run_email_tasks()
+
+    rows = {r.recipient: r for r in EmailDelivery.objects.filter(audit_event_id=event.pk)}
+    assert {to: (r.status, r.attempts) for to, r in rows.items()} == {
+        "ada@example.com": ("delivered", 1),
+        "ann@example.com": ("delivered", 1),
+        "bob@example.com": ("pending", 1),
+    }
+    bob = rows["bob@example.com"]
+    assert bob.last_error == "refused: 550 5.1.1 <b***@example.com>: mailbox unavailable"
+    assert sorted(m.to[0] for m in mail.outbox) == ["ada@example.com", "ann@example.com"]
+    # Only bob's email has a task left: the one scheduled after the first backoff.
+    assert email_tasks() == [(bob.pk, bob.next_attempt_at)]
+
+    smtp.refused.clear()
+    notifications.attempt_email(bob.pk, now=bob.next_attempt_at)
+
+    bob.refresh_from_db()
+    assert (bob.status, bob.attempts, bob.last_error) == ("delivered", 2, "")
+    assert sorted(m.to[0] for m in mail.outbox) == [
+        "ada@example.com",
+        "ann@example.com",
+        "bob@example.com",
+    ]
+    first, again = mail.outbox[0], mail.outbox[2]
+    assert (again.subject, again.body) == (first.subject, first.body)
+    assert again.subject == bob.subject and again.body == bob.body
+
+
+def test_email_retry_puts_a_failed_email_back_once_and_audits(tenant, people, smtp):
+    smtp.down = True
+    escalate(tenant, people)
+    email = EmailDelivery.objects.get(recipient="ann@example.com")
+    EmailDelivery.objects.filter(pk=email.pk).update(status="failed", attempts=5)
+    DBTaskResult.objects.all().delete()
+    email.refresh_from_db()
+
+    notifications.retry_email(email, user=people["admin"])
+    with pytest.raises(notifications.NotRetryable):
+        notifications.retry_email(email, user=people["admin"])
+
+    email.refresh_from_db()
+    assert (email.status, email.attempts) == ("pending", 0)
+    assert email_tasks() == [(email.pk, None)]
+    retried = AuditEvent.objects.get(action="email.retried")
+    assert (retried.actor_id, retried.detail["delivery"]) == (people["admin"].pk, email.pk)
+    assert retried.detail["recipient"] == "a***@example.com"
+    assert "ann@example.com" not in str(retried.detail)
+
+    smtp.down = False
+    assert deliver_email_task.call(email.pk) == "delivered"
+    assert [m.to for m in mail.outbox] == [["ann@example.com"]]
+
+
+def test_email_requeue_stale_gives_a_lost_email_its_task_once(tenant, people):
+    escalate(tenant, people)
+    lost = EmailDelivery.objects.get(recipient="ann@example.com")
+    DBTaskResult.objects.all().delete()  # the worker died with the tasks
+    now = timezone.now()
+    EmailDelivery.objects.filter(pk=lost.pk).update(next_attempt_at=now - timedelta(minutes=3))
+
+    assert notifications.requeue_stale(now=now) == 1
+    assert notifications.requeue_stale(now=now + timedelta(seconds=10)) == 0
+
+    assert [pk for pk, _ in email_tasks()] == [lost.pk]
+    assert deliver_email_task.call(lost.pk) == "delivered"
+    assert [m.to for m in mail.outbox] == [["ann@example.com"]]
+
+
+def test_email_task_queued_before_the_rows_existed_records_them(tenant, people):
+    event = escalate(tenant, people)
+    EmailDelivery.objects.filter(recipient="bob@example.com").delete()
+    DBTaskResult.objects.all().delete()
+
+    created = send_email_task.call(event.pk, ["ann@example.com", "bob@example.com"])
+
+    assert created == 1
+    assert [pk for pk, _ in email_tasks()] == [
+        EmailDelivery.objects.get(recipient="bob@example.com").pk
+    ]
+    assert mail.outbox == []  # recorded and queued, not sent by this task
+
+
+@pytest.mark.parametrize(
+    ("error", "recorded"),
+    [
+        (
+            smtplib.SMTPDataError(451, b"4.3.0 <ann@example.com> try again later"),
+            "SMTP 451: 4.3.0 <a***@example.com> try again later",
+        ),
+        (smtplib.SMTPServerDisconnected("Connection unexpectedly closed"), None),
+        (TimeoutError("timed out"), "TimeoutError: timed out"),
+    ],
+)
+def test_email_any_backend_error_is_a_short_masked_failed_attempt(
+    tenant, people, monkeypatch, error, recorded
+):
+    escalate(tenant, people)
+    email = EmailDelivery.objects.get(recipient="ann@example.com")
+
+    def broken(self, fail_silently=False):
+        assert fail_silently is False
+        raise error
+
+    monkeypatch.setattr(EmailMessage, "send", broken)
+    email = notifications.attempt_email(email.pk)
+
+    assert (email.status, email.attempts) == ("pending", 1)
+    assert email.last_error == (
+        recorded or "SMTPServerDisconnected: Connection unexpectedly closed"
+    )
+    assert "ann@example.com" not in email.last_error

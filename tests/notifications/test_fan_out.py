@@ -54,6 +54,8 @@ def deliveries(endpoint) -> list[tuple[str, str]]:
         ("ticket.commented", {}, "", None),
         ("webhook.failed", {}, "", None),
         ("webhook.delivered", {}, "", None),
+        ("email.failed", {}, "", None),
+        ("email.retried", {}, "", None),
         ("auth.sign_in_failed", {}, "", None),
     ],
 )

@@ -197,3 +197,32 @@ def test_consumer_tells_admins_of_a_delivery_change_and_approvers_nothing(settin
 
     assert 'data-kind="delivery.changed"' in hint
     assert quiet is True
+
+
+def test_email_log_live_reread_and_email_hints_go_to_admins(
+    client, tenant, admin, monkeypatch, django_capture_on_commit_callbacks
+):
+    from tests.notifications.test_email_log import failed_email
+
+    sent: list[tuple[str, dict]] = []
+    monkeypatch.setattr(live, "_send", lambda group, message: sent.append((group, message)))
+    email = failed_email(tenant)
+    client.force_login(admin)
+    url = reverse("notifications:emails", args=["acme"])
+
+    rows = client.get(url, headers={"HX-Request": "true", "HX-Target": "email-rows"})
+    with django_capture_on_commit_callbacks(execute=True):
+        services.retry_email(email, user=admin)
+
+    assert rows.status_code == 200
+    assert rows.content.decode().lstrip().startswith('<div id="email-rows"')
+    assert f'data-email="{email.pk}" data-status="failed"' in rows.content.decode()
+    assert sent[-1] == (
+        f"tenant.{tenant.pk}.admins",
+        {
+            "type": "console.event",
+            "kind": "delivery.changed",
+            "email": email.pk,
+            "status": "pending",
+        },
+    )

@@ -16,11 +16,11 @@ from django.test import Client
 from django.urls import reverse
 
 from approvals.models import AuditEvent, Role, Run, Tenant, Ticket, TicketStatus
-from notifications.models import Delivery, WebhookEndpoint
+from notifications.models import Delivery, EmailDelivery, WebhookEndpoint
 from sessions_admin.models import StoredItem, StoredSession
 from tests.factories import TenantFactory, member, paused_run
 from tests.security import UnfillableRoute, fill, routes
-from tests.security.test_url_sweep import KWARGS, webhook_for, with_query
+from tests.security.test_url_sweep import KWARGS, failed_email_for, webhook_for, with_query
 
 pytestmark = pytest.mark.django_db
 
@@ -36,6 +36,7 @@ class Side:
     session_ids: list[str]
     endpoint_ids: list[int]
     delivery_ids: list[int]
+    email_ids: list[int]
 
 
 @pytest.fixture(autouse=True)
@@ -53,8 +54,15 @@ def own():
     StoredItem.objects.create(session=stored, data={"role": "user", "content": "hello"})
     admin = member(tenant, Role.ADMIN, username="acme-admin")
     endpoint, delivery = webhook_for(tenant, admin, "https://hooks.example.com/acme")
+    email = failed_email_for(tenant)
     side = Side(
-        Ticket.objects.get(run=run), run, ["acme"], ["acme-session"], [endpoint.pk], [delivery.pk]
+        Ticket.objects.get(run=run),
+        run,
+        ["acme"],
+        ["acme-session"],
+        [endpoint.pk],
+        [delivery.pk],
+        [email.pk],
     )
     return tenant, admin, side
 
@@ -93,6 +101,7 @@ def snapshot(tenant: Tenant) -> tuple:
         StoredSession.objects.filter(tenant=tenant).count(),
         list(WebhookEndpoint.objects.values_list("pk", "url", "events", "active")),
         list(Delivery.objects.values_list("pk", "status", "attempts")),
+        list(EmailDelivery.objects.values_list("pk", "status", "attempts")),
     )
 
 

@@ -21,7 +21,7 @@ from approvals import audit
 from approvals.audit import verify_chain
 from approvals.models import Role, Run, RunStatus, Tenant, Ticket, TicketStatus
 from notifications import services as notifications
-from notifications.models import Delivery, DeliveryStatus, Event, WebhookEndpoint
+from notifications.models import Delivery, DeliveryStatus, EmailDelivery, Event, WebhookEndpoint
 from sessions_admin.models import StoredItem, StoredSession
 from sessions_admin.stores import sqlite_path
 from tests.factories import TenantFactory, member, paused_run
@@ -61,6 +61,8 @@ KWARGS: dict[str, Kwarg] = {
     # The webhook pages: B's endpoint and delivery, under B's slug and under A's own.
     "endpoint": Kwarg(from_side("endpoint_ids"), scoped=True),
     "delivery": Kwarg(from_side("delivery_ids"), scoped=True),
+    # The email log: B's failed email, under B's slug and under A's own.
+    "email": Kwarg(from_side("email_ids"), scoped=True),
 }
 # Query parameters that name an object (the sessions pages take ?id=SESSION): every
 # object-scoped URL is also asked with each of tenant B's values.
@@ -85,6 +87,7 @@ class Side:
     session_ids: list[str]
     endpoint_ids: list[int] = field(default_factory=list)
     delivery_ids: list[int] = field(default_factory=list)
+    email_ids: list[int] = field(default_factory=list)
 
 
 def webhook_for(tenant: Tenant, admin, url: str) -> tuple[WebhookEndpoint, Delivery]:
@@ -98,6 +101,24 @@ def webhook_for(tenant: Tenant, admin, url: str) -> tuple[WebhookEndpoint, Deliv
     delivery = Delivery.objects.get(endpoint=endpoint)
     Delivery.objects.filter(pk=delivery.pk).update(status=DeliveryStatus.FAILED, attempts=5)
     return endpoint, delivery
+
+
+def failed_email_for(tenant: Tenant) -> EmailDelivery:
+    """A failed email, so that a retry would change something; its subject names the tenant
+    and its address the tenant's slug, so a page that shows it to another tenant leaks."""
+    with transaction.atomic():
+        event = audit.append(tenant_id=tenant.pk, action="run.failed", actor_name="worker")
+    subject, text = notifications.email_for(notifications.facts_for(event, Event.RUN_FAILED))
+    return EmailDelivery.objects.create(
+        tenant=tenant,
+        audit_event_id=event.pk,
+        event=Event.RUN_FAILED,
+        recipient=f"ops@{tenant.slug}.example",
+        subject=subject,
+        body=text,
+        status=DeliveryStatus.FAILED,
+        attempts=5,
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -133,6 +154,7 @@ def world() -> dict:
     bravo_admin = member(bravo, Role.ADMIN, username="bravo-admin")
     sessions_for(bravo, *B_SESSIONS, B_CONVERSATION)
     endpoint, delivery = webhook_for(bravo, bravo_admin, B_WEBHOOK)
+    email = failed_email_for(bravo)
     return {
         "alpha": alpha,
         "alpha_run": alpha_run,
@@ -144,6 +166,7 @@ def world() -> dict:
             session_ids=B_SESSIONS,
             endpoint_ids=[endpoint.pk],
             delivery_ids=[delivery.pk],
+            email_ids=[email.pk],
         ),
     }
 
@@ -234,6 +257,7 @@ def assert_bravo_untouched(world: dict, audit_seq: int) -> None:
         (side.endpoint_ids[0], B_WEBHOOK)
     ]
     assert Delivery.objects.get(pk=side.delivery_ids[0]).status == DeliveryStatus.FAILED
+    assert EmailDelivery.objects.get(pk=side.email_ids[0]).status == DeliveryStatus.FAILED
     tenant = Tenant.objects.get(pk=side.tenant.pk)
     assert tenant.audit_seq == audit_seq
     assert verify_chain(tenant).ok
@@ -267,6 +291,7 @@ def test_url_sweep_own_objects_answer_200_so_the_sweep_can_fail(client, world):
     alpha_run = world["alpha_run"]
     alpha_admin = member(world["alpha"], Role.ADMIN, username="alpha-admin")
     endpoint, delivery = webhook_for(world["alpha"], alpha_admin, "https://alpha.example/")
+    email = failed_email_for(world["alpha"])
     side = Side(
         tenant=world["alpha"],
         ticket=Ticket.objects.get(run=alpha_run),
@@ -275,6 +300,7 @@ def test_url_sweep_own_objects_answer_200_so_the_sweep_can_fail(client, world):
         session_ids=["alpha-orm-session"],
         endpoint_ids=[endpoint.pk],
         delivery_ids=[delivery.pk],
+        email_ids=[email.pk],
     )
     client.force_login(alpha_admin)
     statuses = {}
@@ -299,6 +325,8 @@ def test_url_sweep_own_objects_answer_200_so_the_sweep_can_fail(client, world):
         "notifications:ping": 405,
         "notifications:deliveries": 200,
         "notifications:retry": 405,
+        "notifications:emails": 200,
+        "notifications:email_retry": 405,
     }
 
 
@@ -370,5 +398,7 @@ def test_url_sweep_walks_the_whole_project_but_admin():
         "notifications:ping",
         "notifications:deliveries",
         "notifications:retry",
+        "notifications:emails",
+        "notifications:email_retry",
     }
     assert not any(route.route.startswith("admin/") for route in routes())

@@ -42,7 +42,7 @@ def _reaper_loop(interval: float, stop: threading.Event) -> None:
                 )
             lost = notifications.requeue_stale()
             if lost:
-                logger.info("reaper: re-enqueued %s webhook deliveries", lost)
+                logger.info("reaper: re-enqueued %s webhook and email deliveries", lost)
         except Exception:
             logger.exception("reaper pass failed; trying again next time")
         finally:

@@ -61,13 +61,12 @@ class DeliveryStatus(models.TextChoices):
     FAILED = "failed", "Failed"
 
 
-class Delivery(models.Model):
-    endpoint = models.ForeignKey(
-        WebhookEndpoint, on_delete=models.CASCADE, related_name="deliveries"
-    )
-    # Copied from the endpoint so the tenant's log is one indexed scan.
+class Attempted(models.Model):
+    """What a delivery and an email share: what they tell about, and how their attempts went
+    (notifications.services claims, settles and reopens them the same way)."""
+
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
-    # The audit event this delivery tells about; no constraint, like the audit log's own links.
+    # The audit event it tells about; no constraint, like the audit log's own links.
     audit_event = models.ForeignKey(
         "approvals.AuditEvent",
         on_delete=models.DO_NOTHING,
@@ -75,19 +74,32 @@ class Delivery(models.Model):
         related_name="+",
     )
     event = models.CharField(max_length=32, choices=Event.choices)
-    # The exact body sent on every attempt, so a retry signs the same bytes.
-    payload = models.TextField()
     status = models.CharField(
         max_length=16, choices=DeliveryStatus.choices, default=DeliveryStatus.PENDING
     )
     attempts = models.PositiveIntegerField(default=0)
     next_attempt_at = models.DateTimeField(null=True, blank=True)
-    last_status_code = models.PositiveIntegerField(null=True, blank=True)
     last_error = models.CharField(max_length=200, blank=True)
-    last_duration_ms = models.PositiveIntegerField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(default=timezone.now)
     delivered_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        abstract = True
+
+    @property
+    def can_retry(self) -> bool:
+        return self.status == DeliveryStatus.FAILED
+
+
+class Delivery(Attempted):
+    endpoint = models.ForeignKey(
+        WebhookEndpoint, on_delete=models.CASCADE, related_name="deliveries"
+    )
+    # The exact body sent on every attempt, so a retry signs the same bytes.
+    payload = models.TextField()
+    last_status_code = models.PositiveIntegerField(null=True, blank=True)
+    last_duration_ms = models.PositiveIntegerField(null=True, blank=True)
 
     class Meta:
         constraints = [
@@ -117,37 +129,15 @@ class Delivery(models.Model):
         """The last error, unless it only repeats the HTTP status shown beside it."""
         return "" if self.last_error == f"HTTP {self.last_status_code}" else self.last_error
 
-    @property
-    def can_retry(self) -> bool:
-        return self.status == DeliveryStatus.FAILED
 
-
-class EmailDelivery(models.Model):
+class EmailDelivery(Attempted):
     """One notification email to one address, so a bad mailbox retries only itself."""
 
-    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
-    # The audit event this email tells about; no constraint, like the audit log's own links.
-    audit_event = models.ForeignKey(
-        "approvals.AuditEvent",
-        on_delete=models.DO_NOTHING,
-        db_constraint=False,
-        related_name="+",
-    )
-    event = models.CharField(max_length=32, choices=Event.choices)
     recipient = models.EmailField(max_length=254)
     # Rendered once at fan-out, so every attempt sends the same message. Like the payload of a
     # webhook it holds ids, the tool, the digest, the status and a link, never argument values.
     subject = models.CharField(max_length=200)
     body = models.TextField()
-    status = models.CharField(
-        max_length=16, choices=DeliveryStatus.choices, default=DeliveryStatus.PENDING
-    )
-    attempts = models.PositiveIntegerField(default=0)
-    next_attempt_at = models.DateTimeField(null=True, blank=True)
-    last_error = models.CharField(max_length=200, blank=True)
-    created_at = models.DateTimeField(default=timezone.now)
-    updated_at = models.DateTimeField(default=timezone.now)
-    delivered_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         constraints = [
@@ -174,7 +164,3 @@ class EmailDelivery(models.Model):
                 url = line.removeprefix("Open it: ").strip()
                 return url if url.startswith(("http://", "https://")) else ""
         return ""
-
-    @property
-    def can_retry(self) -> bool:
-        return self.status == DeliveryStatus.FAILED

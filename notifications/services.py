@@ -658,24 +658,54 @@ def post(url: str, body: bytes, headers: dict[str, str]) -> Outcome:
     return Outcome(False, code, f"HTTP {code}", took())
 
 
-def _claim(delivery_id: int, now: datetime) -> Delivery | None:
+class NotRetryable(Exception):
+    pass
+
+
+def _claim(rows, pk: int, now: datetime):
+    """Take the next attempt of a pending row (a Delivery or an EmailDelivery) whose time has
+    come: attempts + 1, and the row kept from other tasks for IN_FLIGHT. None when there is
+    none."""
     with transaction.atomic():
-        delivery = (
-            Delivery.objects.select_for_update()
-            .select_related("endpoint")
-            .filter(pk=delivery_id)
-            .first()
-        )
-        if delivery is None or delivery.status != DeliveryStatus.PENDING:
+        row = rows.select_for_update().filter(pk=pk).first()
+        if row is None or row.status != DeliveryStatus.PENDING:
             return None
         # Another task holds it, or this one ran before its time: leave it to that one.
-        if delivery.next_attempt_at and delivery.next_attempt_at > now + timedelta(seconds=1):
+        if row.next_attempt_at and row.next_attempt_at > now + timedelta(seconds=1):
             return None
-        delivery.attempts += 1
-        delivery.next_attempt_at = now + IN_FLIGHT
-        delivery.updated_at = now
-        delivery.save(update_fields=["attempts", "next_attempt_at", "updated_at"])
-        return delivery
+        row.attempts += 1
+        row.next_attempt_at = now + IN_FLIGHT
+        row.updated_at = now
+        row.save(update_fields=["attempts", "next_attempt_at", "updated_at"])
+        return row
+
+
+def _settle(row, *, ok: bool, now: datetime) -> bool:
+    """Move a claimed row on after its attempt: delivered; failed after MAX_ATTEMPTS (returns
+    True, the failure is final); or pending until the backoff's next attempt."""
+    row.updated_at = now
+    if ok:
+        row.status = DeliveryStatus.DELIVERED
+        row.delivered_at = now
+        row.next_attempt_at = None
+        return False
+    if row.attempts >= MAX_ATTEMPTS:
+        row.status = DeliveryStatus.FAILED
+        row.next_attempt_at = None
+        return True
+    row.next_attempt_at = now + BACKOFF[min(row.attempts, len(BACKOFF)) - 1]
+    return False
+
+
+def _reopen(rows, pk: int, noun: str) -> None:
+    """A failed row back to pending from its first attempt; compare-and-set, so two clicks
+    reopen it once. Raises NotRetryable when it is not failed."""
+    now = timezone.now()
+    won = rows.filter(pk=pk, status=DeliveryStatus.FAILED).update(
+        status=DeliveryStatus.PENDING, attempts=0, next_attempt_at=now, updated_at=now
+    )
+    if not won:
+        raise NotRetryable(f"only a failed {noun} can be retried")
 
 
 def attempt(delivery_id: int, *, now: datetime | None = None) -> Delivery | None:
@@ -687,7 +717,7 @@ def attempt(delivery_id: int, *, now: datetime | None = None) -> Delivery | None
     after the backoff.
     """
     now = now or timezone.now()
-    delivery = _claim(delivery_id, now)
+    delivery = _claim(Delivery.objects.select_related("endpoint"), delivery_id, now)
     if delivery is None:
         return None
     endpoint = delivery.endpoint
@@ -718,19 +748,8 @@ def _record(delivery: Delivery, outcome: Outcome, now: datetime) -> Delivery:
         delivery.last_status_code = outcome.status_code
         delivery.last_error = outcome.error
         delivery.last_duration_ms = outcome.duration_ms
-        delivery.updated_at = now
-        if outcome.ok:
-            delivery.status = DeliveryStatus.DELIVERED
-            delivery.delivered_at = now
-            delivery.next_attempt_at = None
-            action = "webhook.delivered"
-        elif delivery.attempts >= MAX_ATTEMPTS:
-            delivery.status = DeliveryStatus.FAILED
-            delivery.next_attempt_at = None
-            action = "webhook.failed"
-        else:
-            delivery.next_attempt_at = now + BACKOFF[min(delivery.attempts, len(BACKOFF)) - 1]
-            action = ""
+        final = _settle(delivery, ok=outcome.ok, now=now)
+        action = "webhook.delivered" if outcome.ok else "webhook.failed" if final else ""
         delivery.save(
             update_fields=[
                 "status",
@@ -806,10 +825,6 @@ def requeue_stale(*, now: datetime | None = None) -> int:
     return found
 
 
-class NotRetryable(Exception):
-    pass
-
-
 def retry(delivery: Delivery, *, user) -> Delivery:
     """Send a failed delivery again from its first attempt.
 
@@ -818,13 +833,8 @@ def retry(delivery: Delivery, *, user) -> Delivery:
     """
     from notifications.tasks import deliver_webhook_task
 
-    now = timezone.now()
     with transaction.atomic():
-        won = Delivery.objects.filter(pk=delivery.pk, status=DeliveryStatus.FAILED).update(
-            status=DeliveryStatus.PENDING, attempts=0, next_attempt_at=now, updated_at=now
-        )
-        if not won:
-            raise NotRetryable("only a failed delivery can be retried")
+        _reopen(Delivery.objects, delivery.pk, "delivery")
         delivery.refresh_from_db()
         _audit_delivery(delivery, "webhook.retried", actor=user)
         deliver_webhook_task.enqueue(delivery.pk)
@@ -998,21 +1008,6 @@ def _email_error(error: Exception) -> str:
     return _short(_ADDRESS.sub(lambda match: mask_address(match.group()), text))
 
 
-def _claim_email(email_id: int, now: datetime) -> EmailDelivery | None:
-    with transaction.atomic():
-        email = EmailDelivery.objects.select_for_update().filter(pk=email_id).first()
-        if email is None or email.status != DeliveryStatus.PENDING:
-            return None
-        # Another task holds it, or this one ran before its time: leave it to that one.
-        if email.next_attempt_at and email.next_attempt_at > now + timedelta(seconds=1):
-            return None
-        email.attempts += 1
-        email.next_attempt_at = now + IN_FLIGHT
-        email.updated_at = now
-        email.save(update_fields=["attempts", "next_attempt_at", "updated_at"])
-        return email
-
-
 def attempt_email(email_id: int, *, now: datetime | None = None) -> EmailDelivery | None:
     """Send one attempt of a pending email whose time has come; None when there was none.
 
@@ -1023,7 +1018,7 @@ def attempt_email(email_id: int, *, now: datetime | None = None) -> EmailDeliver
     after the backoff.
     """
     now = now or timezone.now()
-    email = _claim_email(email_id, now)
+    email = _claim(EmailDelivery.objects, email_id, now)
     if email is None:
         return None
     message = EmailMessage(email.subject, email.body, None, [email.recipient])
@@ -1045,18 +1040,7 @@ def _record_email(email: EmailDelivery, error: str, now: datetime) -> EmailDeliv
         if not EmailDelivery.objects.select_for_update().filter(pk=email.pk).exists():
             return email  # its tenant was deleted during the attempt
         email.last_error = error
-        email.updated_at = now
-        action = ""
-        if not error:
-            email.status = DeliveryStatus.DELIVERED
-            email.delivered_at = now
-            email.next_attempt_at = None
-        elif email.attempts >= MAX_ATTEMPTS:
-            email.status = DeliveryStatus.FAILED
-            email.next_attempt_at = None
-            action = "email.failed"
-        else:
-            email.next_attempt_at = now + BACKOFF[min(email.attempts, len(BACKOFF)) - 1]
+        action = "email.failed" if _settle(email, ok=not error, now=now) else ""
         email.save(
             update_fields=[
                 "status",
@@ -1103,13 +1087,8 @@ def retry_email(email: EmailDelivery, *, user) -> EmailDelivery:
     """
     from notifications.tasks import deliver_email_task
 
-    now = timezone.now()
     with transaction.atomic():
-        won = EmailDelivery.objects.filter(pk=email.pk, status=DeliveryStatus.FAILED).update(
-            status=DeliveryStatus.PENDING, attempts=0, next_attempt_at=now, updated_at=now
-        )
-        if not won:
-            raise NotRetryable("only a failed email can be retried")
+        _reopen(EmailDelivery.objects, email.pk, "email")
         email.refresh_from_db()
         _audit_email(email, "email.retried", actor=user)
         deliver_email_task.enqueue(email.pk)

@@ -156,41 +156,21 @@ def delivery_log(request: HttpRequest, tenant: str) -> HttpResponse:
     tenant_row = _get_tenant_for_admin(request, tenant)
     endpoints = {e.pk: e for e in WebhookEndpoint.objects.filter(tenant=tenant_row)}
     form = DeliveryFilterForm(request.GET, endpoint_ids=set(endpoints))
-    page = None
-    if form.is_valid():
-        deliveries = Delivery.objects.filter(tenant=tenant_row).select_related("endpoint")
-        if form.cleaned_data["endpoint"]:
-            deliveries = deliveries.filter(endpoint_id=form.cleaned_data["endpoint"])
-        if form.cleaned_data["status"]:
-            deliveries = deliveries.filter(status=form.cleaned_data["status"])
-        try:
-            page = after_descending(
-                deliveries,
-                ("created_at", "id"),
-                form.cleaned_data["after"] or None,
-                (datetime, int),
-                DELIVERY_PAGE,
-            )
-        except BadCursor as error:
-            form.add_error("after", str(error))
-    next_query = ""
-    if page and page.next_cursor:
-        query = request.GET.copy()
-        query["after"] = page.next_cursor
-        next_query = query.urlencode()
-    context = {
-        "tenant": tenant_row,
-        "form": form,
-        "endpoints": list(endpoints.values()),
-        "selected": endpoints.get(form.cleaned_data.get("endpoint") or 0)
-        if form.is_valid()
-        else None,
-        "page": page,
-        "next_query": next_query,
-        "problems": [m for errors in form.errors.values() for m in errors],
-        "statuses": DeliveryStatus.choices,
-    }
-    return _log_response(request, "notifications/deliveries.html", "delivery-rows", context)
+    deliveries = Delivery.objects.filter(tenant=tenant_row).select_related("endpoint")
+    if form.is_valid() and form.cleaned_data["endpoint"]:
+        deliveries = deliveries.filter(endpoint_id=form.cleaned_data["endpoint"])
+    selected = endpoints.get(form.cleaned_data.get("endpoint") or 0) if form.is_valid() else None
+    return _log_page(
+        request,
+        form,
+        deliveries,
+        DELIVERY_PAGE,
+        template="notifications/deliveries.html",
+        region="delivery-rows",
+        tenant=tenant_row,
+        endpoints=list(endpoints.values()),
+        selected=selected,
+    )
 
 
 @login_required
@@ -209,24 +189,30 @@ def delivery_retry(request: HttpRequest, tenant: str, delivery: int) -> HttpResp
 @login_required
 @require_GET
 def email_log(request: HttpRequest, tenant: str) -> HttpResponse:
-    tenants = _admin_tenants(request)
-    tenant_row = tenants.get(tenant)
-    if tenant_row is None:
-        raise Http404("No such page.")
-    form = EmailFilterForm(request.GET)
+    tenant_row = _get_tenant_for_admin(request, tenant)
+    return _log_page(
+        request,
+        EmailFilterForm(request.GET),
+        EmailDelivery.objects.filter(tenant=tenant_row),
+        EMAIL_PAGE,
+        template="notifications/emails.html",
+        region="email-rows",
+        tenant=tenant_row,
+    )
+
+
+def _log_page(
+    request: HttpRequest, form, rows, size: int, *, template: str, region: str, **context
+) -> HttpResponse:
+    """A log page: rows filtered by status, newest first, keyset-paged; 400 with the reasons
+    when a filter or the cursor is bad; only the rows when its live region re-reads itself."""
     page = None
     if form.is_valid():
-        emails = EmailDelivery.objects.filter(tenant=tenant_row)
         if form.cleaned_data["status"]:
-            emails = emails.filter(status=form.cleaned_data["status"])
+            rows = rows.filter(status=form.cleaned_data["status"])
         try:
-            page = after_descending(
-                emails,
-                ("created_at", "id"),
-                form.cleaned_data["after"] or None,
-                (datetime, int),
-                EMAIL_PAGE,
-            )
+            after = form.cleaned_data["after"] or None
+            page = after_descending(rows, ("created_at", "id"), after, (datetime, int), size)
         except BadCursor as error:
             form.add_error("after", str(error))
     next_query = ""
@@ -234,21 +220,14 @@ def email_log(request: HttpRequest, tenant: str) -> HttpResponse:
         query = request.GET.copy()
         query["after"] = page.next_cursor
         next_query = query.urlencode()
-    context = {
-        "tenant": tenant_row,
-        "admin_tenants": sorted(tenants),
-        "form": form,
-        "page": page,
-        "next_query": next_query,
-        "problems": [m for errors in form.errors.values() for m in errors],
-        "statuses": DeliveryStatus.choices,
-    }
-    return _log_response(request, "notifications/emails.html", "email-rows", context)
-
-
-def _log_response(request: HttpRequest, template: str, region: str, context: dict) -> HttpResponse:
-    """A log page, or its rows alone when its live region re-reads itself."""
-    page = context["page"]
+    context.update(
+        admin_tenants=sorted(_admin_tenants(request)),
+        form=form,
+        page=page,
+        next_query=next_query,
+        problems=[m for errors in form.errors.values() for m in errors],
+        statuses=DeliveryStatus.choices,
+    )
     if page and request.htmx and request.htmx.target == region:
         template += "#rows"
     return render(request, template, context, status=200 if page else 400)

@@ -21,7 +21,7 @@ from tests.browser.test_console import (
     expect,
 )
 from tests.factories import TenantFactory, member
-from tests.notifications.conftest import _serve, make_endpoint
+from tests.notifications.conftest import make_endpoint
 
 pytestmark = [
     pytest.mark.skipif(bool(chromium_skip_reason()), reason=chromium_skip_reason() or "-"),
@@ -52,15 +52,6 @@ def _fail_a_run(tenant) -> Delivery:
     with transaction.atomic():
         event = audit.append(tenant_id=tenant.pk, action="run.failed", actor_name="worker")
     return Delivery.objects.get(audit_event_id=event.pk)
-
-
-@pytest.fixture
-def receiver():
-    server, thread, found = _serve(204)
-    yield found
-    server.shutdown()
-    server.server_close()
-    thread.join(5)
 
 
 def test_delivery_log_is_live_and_a_test_event_reports_the_answer(

@@ -176,6 +176,10 @@ class ApprovalPolicy(models.Model):
     # [{"argument": "environment", "op": "ne", "value": "production", "decision": "approve",
     #   "reason": "..."}, ...]
     auto_rules = models.JSONField(default=list, blank=True)
+    # A version that removes the scope's own policy: tickets fall back to the next scope (the
+    # tool alone, the agent alone, the tenant default, the built-in default). It keeps the
+    # values of the version it removed, for the history; a later save brings the scope back.
+    retired = models.BooleanField(default=False)
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL,
         null=True,

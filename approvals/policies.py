@@ -39,7 +39,8 @@ def builtin_policy(tenant_id: int) -> ApprovalPolicy:
     )
 
 
-def current_for_scope(tenant_id: int, agent_key: str, tool_name: str) -> ApprovalPolicy | None:
+def latest_for_scope(tenant_id: int, agent_key: str, tool_name: str) -> ApprovalPolicy | None:
+    """The scope's newest version, a retired one included (it numbers the next version)."""
     return (
         ApprovalPolicy.objects.filter(tenant_id=tenant_id, agent_key=agent_key, tool_name=tool_name)
         .order_by("-version")
@@ -47,12 +48,22 @@ def current_for_scope(tenant_id: int, agent_key: str, tool_name: str) -> Approva
     )
 
 
+def current_for_scope(tenant_id: int, agent_key: str, tool_name: str) -> ApprovalPolicy | None:
+    """The scope's own policy in force, or None when it has none (never saved, or removed)."""
+    latest = latest_for_scope(tenant_id, agent_key, tool_name)
+    return None if latest is None or latest.retired else latest
+
+
 def current_policies(tenant_id: int) -> list[ApprovalPolicy]:
-    """The current version of each of the tenant's scopes: the default first, then by scope."""
+    """The current version of each of the tenant's scopes in force: the default first, then by
+    scope; a removed scope is left out."""
     latest: dict[tuple[str, str], ApprovalPolicy] = {}
     for policy in ApprovalPolicy.objects.filter(tenant_id=tenant_id).order_by("version"):
         latest[(policy.agent_key, policy.tool_name)] = policy
-    return sorted(latest.values(), key=lambda p: (bool(p.agent_key or p.tool_name), p.scope_label))
+    return sorted(
+        (p for p in latest.values() if not p.retired),
+        key=lambda p: (bool(p.agent_key or p.tool_name), p.scope_label),
+    )
 
 
 def groups_named(policy: ApprovalPolicy) -> set[str]:
@@ -66,7 +77,8 @@ def groups_named(policy: ApprovalPolicy) -> set[str]:
 
 def resolve(tenant_id: int, agent_key: str, tool_name: str) -> ApprovalPolicy:
     """The most specific current policy: agent+tool, then tool alone, then agent alone, then the
-    tenant's default, then the built-in default. One query for all four scopes."""
+    tenant's default, then the built-in default; a removed scope is passed over. One query for
+    all four scopes."""
     scopes = list(
         dict.fromkeys(((agent_key, tool_name), ("", tool_name), (agent_key, ""), ("", "")))
     )
@@ -76,7 +88,7 @@ def resolve(tenant_id: int, agent_key: str, tool_name: str) -> ApprovalPolicy:
     ).order_by("-version"):
         current.setdefault((policy.agent_key, policy.tool_name), policy)
     for scope in scopes:
-        if scope in current:
+        if scope in current and not current[scope].retired:
             return current[scope]
     return builtin_policy(tenant_id)
 

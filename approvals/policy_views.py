@@ -114,11 +114,12 @@ def policy_edit(request: HttpRequest) -> HttpResponse:
             form.fields["tool"].choices
         ):
             raise Http404("No such agent or tool.")
-    history = (
+    history = list(
         ApprovalPolicy.objects.filter(tenant=tenant, agent_key=agent_key, tool_name=tool_name)
         .select_related("created_by")
         .order_by("-version")[:HISTORY_LENGTH]
     )
+    in_force = history[0] if history and not history[0].retired else None
     return render(
         request,
         "approvals/policy_edit.html",
@@ -127,10 +128,40 @@ def policy_edit(request: HttpRequest) -> HttpResponse:
             "form": form,
             "scope": ApprovalPolicy(agent_key=agent_key, tool_name=tool_name).scope_label,
             "history": history,
+            "in_force": in_force,
+            "agent_key": agent_key,
+            "tool_name": tool_name,
             "groups": groups,
         },
         status=status,
     )
+
+
+@login_required
+@require_POST
+def policy_remove(request: HttpRequest) -> HttpResponse:
+    tenant = _get_admin_tenant(request, request.POST.get("tenant", ""))
+    agent_key, tool_name = request.POST.get("agent", ""), request.POST.get("tool", "")
+    try:
+        removed = services.remove_policy(
+            tenant=tenant, user=request.user, agent_key=agent_key, tool_name=tool_name
+        )
+    except services.PolicyError as error:
+        messages.error(request, f"Not removed: {error}.")
+    else:
+        now = policies.resolve(tenant.pk, agent_key, tool_name)
+        messages.success(
+            request,
+            f"Removed the policy for {removed.scope_label}. Its pending tickets now follow "
+            f"{_label(now)}; approvals given under the removed one count no more.",
+        )
+    return redirect(_edit_url(tenant, agent_key, tool_name))
+
+
+def _label(policy: ApprovalPolicy) -> str:
+    if policy.is_builtin:
+        return "the built-in default (one approval by anyone who may decide)"
+    return f"{policy.scope_label} v{policy.version}"
 
 
 def _edit_url(tenant: Tenant, agent_key: str, tool_name: str) -> str:

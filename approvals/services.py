@@ -1512,14 +1512,15 @@ def save_policy(
         # deleted meanwhile (delete_group takes the same lock) is seen here.
         Tenant.objects.select_for_update().only("pk").get(pk=tenant.pk)
         _check_groups_exist(tenant, named)
-        previous = policies.current_for_scope(tenant.pk, agent_key, tool_name)
+        latest = policies.latest_for_scope(tenant.pk, agent_key, tool_name)
+        previous = latest if latest is not None and not latest.retired else None
         before = previous or policies.builtin_policy(tenant.pk)
         now = timezone.now()
         policy = ApprovalPolicy(
             tenant=tenant,
             agent_key=agent_key,
             tool_name=tool_name,
-            version=(previous.version if previous else 0) + 1,
+            version=(latest.version if latest else 0) + 1,
             created_by=user,
             created_at=now,
             **values,
@@ -1533,7 +1534,8 @@ def save_policy(
         if previous is not None and not changes:
             raise PolicyUnchanged(previous)
         policy.save()
-        moved = _move_pending_tickets(policy, user=user, now=now)
+        why = f"changed the policy to v{policy.version}"
+        moved = _move_pending_tickets(policy, user=user, now=now, why=why)
         audit.append(
             tenant_id=tenant.pk,
             action="policy.changed",
@@ -1551,30 +1553,83 @@ def save_policy(
     return policy
 
 
-def _move_pending_tickets(policy: ApprovalPolicy, *, user, now) -> int:
+def remove_policy(
+    *, tenant: Tenant, user, agent_key: str = "", tool_name: str = ""
+) -> ApprovalPolicy:
+    """Remove a scope's own policy: its tickets fall back to the next scope that has one (the
+    tool alone, the agent alone, the tenant default, then the built-in default).
+
+    Side effects, in one transaction under the tenant's lock: a new version marked retired
+    (keeping the removed version's values, for the history); every pending ticket it governed
+    moves to the fallback and the approvals it had are invalidated (audit
+    ticket.votes_invalidated, live hint ticket.changed); audit event policy.removed. Raises
+    PolicyError when the scope has no policy of its own, writing nothing.
+    """
+    _require_admin(user, tenant.pk)
+    with transaction.atomic():
+        Tenant.objects.select_for_update().only("pk").get(pk=tenant.pk)
+        current = policies.current_for_scope(tenant.pk, agent_key, tool_name)
+        if current is None:
+            raise PolicyError(
+                f"{ApprovalPolicy(agent_key=agent_key, tool_name=tool_name).scope_label} "
+                "has no policy of its own to remove"
+            )
+        now = timezone.now()
+        retired = ApprovalPolicy(
+            tenant=tenant,
+            agent_key=agent_key,
+            tool_name=tool_name,
+            version=current.version + 1,
+            retired=True,
+            created_by=user,
+            created_at=now,
+            **{name: getattr(current, name) for name in POLICY_FIELDS},
+        )
+        retired.save()
+        why = f"removed the policy for {retired.scope_label}"
+        moved = _move_pending_tickets(retired, user=user, now=now, why=why)
+        audit.append(
+            tenant_id=tenant.pk,
+            action="policy.removed",
+            actor=user,
+            outcome="removed",
+            detail={
+                "scope": retired.scope_label,
+                "agent": agent_key,
+                "tool": tool_name,
+                "version": retired.version,
+                "removed": current.version,
+                "tickets_moved": moved,
+            },
+        )
+    return retired
+
+
+def _move_pending_tickets(scope: ApprovalPolicy, *, user, now, why: str) -> int:
+    """Move each pending ticket of the scope to the policy that governs it now.
+
+    A ticket of the scope that a more specific scope governs stays where it is. The approvals a
+    moved ticket had were given under other rules: they are invalidated, with `why`.
+    """
     pending = Ticket.objects.filter(
-        tenant_id=policy.tenant_id, status=TicketStatus.PENDING
+        tenant_id=scope.tenant_id, status=TicketStatus.PENDING
     ).select_related("run", "policy")
-    if policy.tool_name:
-        pending = pending.filter(tool_name=policy.tool_name)
-    if policy.agent_key:
-        pending = pending.filter(run__agent_key=policy.agent_key)
+    if scope.tool_name:
+        pending = pending.filter(tool_name=scope.tool_name)
+    if scope.agent_key:
+        pending = pending.filter(run__agent_key=scope.agent_key)
     moved = 0
     for ticket in pending:
+        policy = policies.resolve(ticket.tenant_id, ticket.run.agent_key, ticket.tool_name)
         if ticket.policy_id == policy.pk:
             continue
-        if policies.resolve(ticket.tenant_id, ticket.run.agent_key, ticket.tool_name) != policy:
-            continue
         old = policies.policy_of(ticket)
-        Ticket.objects.filter(pk=ticket.pk).update(policy=policy)
+        Ticket.objects.filter(pk=ticket.pk).update(policy=policy if policy.pk else None)
         moved += 1
         votes = list(ticket.votes.filter(invalidated_at__isnull=True).select_related("user"))
         if not votes:
             continue
-        reason = (
-            f"invalidated when {user.get_username()} changed the policy to "
-            f"v{policy.version} at {now:%Y-%m-%d %H:%M} UTC"
-        )
+        reason = f"invalidated when {user.get_username()} {why} at {now:%Y-%m-%d %H:%M} UTC"
         TicketVote.objects.filter(pk__in=[v.pk for v in votes]).update(
             invalidated_at=now, invalidated_reason=reason
         )

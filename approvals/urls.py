@@ -22,6 +22,7 @@ urlpatterns = [
     path("tenant/", views.switch_tenant, name="switch-tenant"),
     path("policies/", policy_views.policy_list, name="policies"),
     path("policies/edit/", policy_views.policy_edit, name="policy-edit"),
+    path("policies/remove/", policy_views.policy_remove, name="policy-remove"),
     path("policies/groups/", policy_views.group_edit, name="groups"),
     path("policies/groups/delete/", policy_views.group_delete, name="group-delete"),
 ]

@@ -585,6 +585,7 @@ ACTION_LABELS = {
     "ticket.auto_approved": "Approved automatically by rule",
     "ticket.auto_rejected": "Rejected automatically by rule",
     "policy.changed": "Policy changed",
+    "policy.removed": "Policy removed",
     "group.changed": "Approver group changed",
     "group.deleted": "Approver group deleted",
     "run.queued": "Queued for the worker",

@@ -692,3 +692,91 @@ def test_a_rule_that_rejects_beats_a_pre_authorisation(world):
     from approvals.models import PreAuthorization
 
     assert PreAuthorization.objects.get(original_ticket=ticket).used_by is None
+
+
+# --- removing a scope's policy ----------------------------------------------------------------
+
+
+def test_removing_a_tools_policy_moves_its_tickets_to_the_tenant_default(world):
+    tenant, p = world
+    default = set_policy(tenant, p["admin"], tool_name="", required_approvals=1)
+    strict = set_policy(tenant, p["admin"], required_approvals=2)
+    ticket = new_ticket(tenant, p["requester"])
+    services.decide(ticket, user=p["alice"], approve=True)  # 1 of 2
+    assert Ticket.objects.get(pk=ticket.pk).policy_id == strict.pk
+
+    removed = services.remove_policy(tenant=tenant, user=p["admin"], tool_name="deploy_release")
+
+    ticket.refresh_from_db()
+    assert (removed.version, removed.retired, removed.required_approvals) == (2, True, 2)
+    assert ticket.policy_id == default.pk and ticket.status == TicketStatus.PENDING
+    assert policies.resolve(tenant.pk, "release", "deploy_release") == default
+    assert policies.current_for_scope(tenant.pk, "", "deploy_release") is None
+    assert [pol.pk for pol in policies.current_policies(tenant.pk)] == [default.pk]
+    vote = TicketVote.objects.get(ticket=ticket)
+    assert "removed the policy for any agent / deploy_release" in vote.invalidated_reason
+    event = AuditEvent.objects.get(action="policy.removed")
+    assert (event.detail["removed"], event.detail["version"], event.detail["tickets_moved"]) == (
+        1,
+        2,
+        1,
+    )
+    # Under the default one approval is enough: alice approves again and it is decided.
+    services.decide(ticket, user=p["alice"], approve=True)
+    assert Ticket.objects.get(pk=ticket.pk).status == TicketStatus.APPROVED
+
+
+def test_removing_the_only_policy_falls_back_to_the_builtin_default(world):
+    tenant, p = world
+    set_policy(tenant, p["admin"], required_approvals=3)
+    ticket = new_ticket(tenant, p["requester"])
+
+    services.remove_policy(tenant=tenant, user=p["admin"], tool_name="deploy_release")
+
+    ticket.refresh_from_db()
+    assert ticket.policy_id is None
+    assert policies.policy_of(ticket).is_builtin
+
+
+def test_removing_a_tools_policy_leaves_tickets_of_a_more_specific_scope(world):
+    tenant, p = world
+    set_policy(tenant, p["admin"], required_approvals=2)
+    specific = set_policy(tenant, p["admin"], agent_key="release", required_approvals=3)
+    ticket = new_ticket(tenant, p["requester"])
+    assert ticket.policy_id == specific.pk
+
+    services.remove_policy(tenant=tenant, user=p["admin"], tool_name="deploy_release")
+
+    assert Ticket.objects.get(pk=ticket.pk).policy_id == specific.pk
+    assert AuditEvent.objects.get(action="policy.removed").detail["tickets_moved"] == 0
+
+
+def test_a_removed_scope_comes_back_with_the_next_save(world):
+    tenant, p = world
+    set_policy(tenant, p["admin"], required_approvals=2)
+    services.remove_policy(tenant=tenant, user=p["admin"], tool_name="deploy_release")
+    ticket = new_ticket(tenant, p["requester"])
+    assert ticket.policy_id is None
+
+    back = set_policy(tenant, p["admin"], required_approvals=2)
+
+    assert (back.version, back.retired) == (3, False)
+    assert Ticket.objects.get(pk=ticket.pk).policy_id == back.pk
+    assert policies.current_for_scope(tenant.pk, "", "deploy_release") == back
+
+
+def test_removing_a_scope_without_a_policy_is_refused_and_writes_nothing(world):
+    tenant, p = world
+    set_policy(tenant, p["admin"], required_approvals=2)
+    services.remove_policy(tenant=tenant, user=p["admin"], tool_name="deploy_release")
+
+    for _ in range(2):  # never saved; already removed
+        with pytest.raises(services.PolicyError, match="has no policy of its own"):
+            services.remove_policy(tenant=tenant, user=p["admin"], tool_name="publish_invoice")
+    with pytest.raises(services.PolicyError, match="has no policy of its own"):
+        services.remove_policy(tenant=tenant, user=p["admin"], tool_name="deploy_release")
+    with pytest.raises(services.PolicyError):
+        services.remove_policy(tenant=tenant, user=p["alice"], tool_name="deploy_release")
+
+    assert ApprovalPolicy.objects.count() == 2
+    assert AuditEvent.objects.filter(action="policy.removed").count() == 1

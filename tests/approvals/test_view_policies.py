@@ -477,3 +477,64 @@ def test_save_policy_rechecks_groups_under_the_lock(world, monkeypatch):
         )
     assert len(checks) == 2
     assert ApprovalPolicy.objects.count() == 0
+
+
+# --- removing a policy ----------------------------------------------------------------------
+
+REMOVE = reverse("approvals:policy-remove")
+
+
+def test_policy_remove_from_the_edit_page(client, world):
+    services.save_policy(
+        tenant=world["tenant"],
+        user=world["admin"],
+        tool_name="deploy_release",
+        required_approvals=2,
+    )
+    client.force_login(world["admin"])
+    edit = {"tenant": "acme", "agent": "", "tool": "deploy_release"}
+
+    before = client.get(EDIT, edit).content.decode()
+    response = client.post(REMOVE, edit, follow=True)
+
+    page = response.content.decode()
+    assert 'id="policy-remove"' in before
+    assert response.status_code == 200
+    assert (
+        "Removed the policy for any agent / deploy_release. Its pending tickets now follow the "
+        "built-in default (one approval by anyone who may decide)" in page
+    )
+    assert 'data-version="2" data-retired' in page
+    assert 'id="policy-remove"' not in page
+    assert 'data-scope="/deploy_release"' not in client.get(LIST).content.decode()
+
+
+def test_policy_remove_without_a_policy_says_so(client, world):
+    client.force_login(world["admin"])
+
+    response = client.post(
+        REMOVE, {"tenant": "acme", "agent": "", "tool": "deploy_release"}, follow=True
+    )
+
+    assert response.status_code == 200
+    assert (
+        "Not removed: any agent / deploy_release has no policy of its own to remove."
+        in response.content.decode()
+    )
+    assert ApprovalPolicy.objects.count() == 0
+
+
+def test_policy_remove_is_404_for_non_admins_and_405_for_get(client, world):
+    services.save_policy(
+        tenant=world["tenant"],
+        user=world["admin"],
+        tool_name="deploy_release",
+        required_approvals=2,
+    )
+    data = {"tenant": "acme", "agent": "", "tool": "deploy_release"}
+    for user in (world["alice"], member(TenantFactory(slug="globex"), Role.ADMIN)):
+        client.force_login(user)
+        assert client.post(REMOVE, data).status_code == 404
+    client.force_login(world["admin"])
+    assert client.get(REMOVE, data).status_code == 405
+    assert ApprovalPolicy.objects.filter(retired=True).count() == 0

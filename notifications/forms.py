@@ -16,10 +16,14 @@ class EndpointForm(forms.Form):
     )
     active = forms.BooleanField(required=False, initial=True)
 
+    def __init__(self, *args, saved_url: str = "", **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.saved_url = saved_url
+
     def clean_url(self) -> str:
         url = self.cleaned_data["url"]
         try:
-            return check_url(url)
+            return check_url(url, saved=self.saved_url)
         except WebhookURLError as error:
             raise forms.ValidationError(str(error)) from None
 

@@ -12,15 +12,18 @@ needs them follows the link and signs in.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import http.client
 import ipaddress
 import json
+import logging
 import re
 import secrets
 import smtplib
 import socket
 import ssl
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -30,8 +33,8 @@ from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.core.mail import EmailMessage
-from django.db import connection, transaction
+from django.core.mail import EmailMessage, get_connection
+from django.db import IntegrityError, connection, transaction
 from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils import timezone
@@ -48,6 +51,8 @@ from notifications.models import (
     Event,
     WebhookEndpoint,
 )
+
+logger = logging.getLogger(__name__)
 
 SECRET_PURPOSE = "webhook-secret"
 MAX_ATTEMPTS = 5
@@ -149,7 +154,12 @@ def _refusal(host: str, addresses: list[IPAddress], literal: bool) -> str:
     for ip in addresses:
         reason = blocked_reason(ip)
         if reason:
-            return f"{host} is {reason}" if literal else f"{host} resolves to {ip}, {reason}"
+            if literal:
+                return f"{host} is {reason}"
+            # Not the address itself: the message reaches tenant admins, who must not learn
+            # the internal network's names and addresses from it. The log has it.
+            logger.info("webhook host %s resolves to %s, %s", host, ip, reason)
+            return f"{host} resolves to {reason}"
     return ""
 
 
@@ -175,16 +185,18 @@ def _target(url: str) -> tuple[str, int]:
 PUBLIC_ONLY = "webhooks may only go to public addresses"
 
 
-def check_url(url: str) -> str:
+def check_url(url: str, *, saved: str = "") -> str:
     """Only absolute http(s) URLs with a host; anything else never leaves the console.
 
     Unless NOTIFICATIONS_ALLOW_PRIVATE_WEBHOOKS, the host must also be public: an address in a
     private, loopback, link-local or other non-public range is refused, and so is a name that
     resolves to one (any of its addresses) or that does not resolve. post() checks again at
-    send time, as a name's addresses may change.
+    send time, as a name's addresses may change. The URL an endpoint already has (`saved`) is
+    not looked up again: its description, events and active flag can always be changed (an
+    admin must be able to switch off a webhook that the guard, or a DNS outage, now refuses).
     """
     host, port = _target(url)
-    if settings.NOTIFICATIONS_ALLOW_PRIVATE_WEBHOOKS:
+    if settings.NOTIFICATIONS_ALLOW_PRIVATE_WEBHOOKS or (saved and url == saved):
         return url
     try:
         addresses, literal = _addresses(host, port)
@@ -304,7 +316,7 @@ def update_endpoint(
 
     Side effects: updates the row; audit webhook.changed.
     """
-    check_url(url)
+    check_url(url, saved=endpoint.url)
     with transaction.atomic():
         endpoint.url = url
         endpoint.description = description
@@ -543,17 +555,73 @@ class _NoRedirects(urllib.request.HTTPRedirectHandler):
         return None  # the 3xx response reaches the caller as an HTTPError
 
 
+# A name may resolve to many addresses; each gets its own connect attempt within the deadline.
+MAX_ADDRESSES = 3
+
+
+class _Deadline:
+    """One request's whole time limit. Socket timeouts bound each operation only (a receiver
+    that trickles its headers would hold the attempt for ever): at the deadline a watchdog
+    shuts the request's sockets down, and the blocked read fails at once."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.at = time.monotonic() + seconds
+        self.expired = False
+        self._sockets: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._timer = threading.Timer(seconds, self._expire)
+        self._timer.daemon = True
+
+    def __enter__(self) -> _Deadline:
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._timer.cancel()
+
+    def left(self) -> float:
+        left = self.at - time.monotonic()
+        if left <= 0:
+            self.expired = True
+            raise TimeoutError("the request's time is up")
+        return left
+
+    def watch(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._sockets.append(sock)
+            if not self.expired:
+                return
+        self._shut(sock)
+
+    def _expire(self) -> None:
+        with self._lock:
+            self.expired = True
+            sockets = list(self._sockets)
+        for sock in sockets:
+            self._shut(sock)
+
+    @staticmethod
+    def _shut(sock: socket.socket) -> None:
+        # On the object, never on a bare descriptor: a closed or detached socket (the plain
+        # one a TLS socket took over) has none, so nothing else is ever touched.
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+
+
 class _Pinned:
     """A connection that goes to the vetted addresses, never to a fresh lookup of the host.
 
     The URL's host name stays in the Host header and, for HTTPS, in SNI and the certificate
     check (http.client wraps the socket with server_hostname=self.host); only the TCP connect
-    is pinned, so a name re-pointed (DNS rebinding) after the check cannot redirect it.
+    is pinned, so a name re-pointed (DNS rebinding) after the check cannot redirect it. Its
+    sockets are watched by the request's deadline.
     """
 
-    def __init__(self, *args, addresses: list[IPAddress], **kwargs) -> None:
+    def __init__(self, *args, addresses: list[IPAddress], deadline: _Deadline, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self._vetted = addresses
+        self._vetted = addresses[:MAX_ADDRESSES]
+        self._deadline = deadline
         self._create_connection = self._connect_vetted
 
     def _connect_vetted(self, address, timeout, source_address=None):
@@ -561,10 +629,18 @@ class _Pinned:
         last: OSError | None = None
         for ip in self._vetted:
             try:
-                return socket.create_connection((str(ip), port), timeout, source_address)
+                wait = min(timeout, self._deadline.left())
+                sock = socket.create_connection((str(ip), port), wait, source_address)
             except OSError as error:
                 last = error
+                continue
+            self._deadline.watch(sock)  # the TLS handshake, if any, is cut at the deadline too
+            return sock
         raise last or OSError("no address to connect to")
+
+    def connect(self) -> None:
+        super().connect()
+        self._deadline.watch(self.sock)  # for HTTPS, the TLS socket that now owns the stream
 
 
 class _PinnedHTTPConnection(_Pinned, http.client.HTTPConnection):
@@ -576,26 +652,22 @@ class _PinnedHTTPSConnection(_Pinned, http.client.HTTPSConnection):
 
 
 class _PinnedHTTPHandler(urllib.request.HTTPHandler):
-    def __init__(self, addresses: list[IPAddress]) -> None:
+    def __init__(self, addresses: list[IPAddress], deadline: _Deadline) -> None:
         super().__init__()
-        self._addresses = addresses
+        self._pinned = {"addresses": addresses, "deadline": deadline}
 
     def http_open(self, req):
-        return self.do_open(
-            functools.partial(_PinnedHTTPConnection, addresses=self._addresses), req
-        )
+        return self.do_open(functools.partial(_PinnedHTTPConnection, **self._pinned), req)
 
 
 class _PinnedHTTPSHandler(urllib.request.HTTPSHandler):
-    def __init__(self, addresses: list[IPAddress]) -> None:
+    def __init__(self, addresses: list[IPAddress], deadline: _Deadline) -> None:
         super().__init__()
-        self._addresses = addresses
+        self._pinned = {"addresses": addresses, "deadline": deadline}
 
     def https_open(self, req):
         return self.do_open(
-            functools.partial(_PinnedHTTPSConnection, addresses=self._addresses),
-            req,
-            context=_tls_context(),
+            functools.partial(_PinnedHTTPSConnection, **self._pinned), req, context=_tls_context()
         )
 
 
@@ -604,29 +676,33 @@ def _tls_context() -> ssl.SSLContext:
     return ssl.create_default_context()
 
 
-def _opener(addresses: list[IPAddress]) -> urllib.request.OpenerDirector:
+def _opener(addresses: list[IPAddress], deadline: _Deadline) -> urllib.request.OpenerDirector:
     # No proxies from the environment, no redirects, and connections only to the vetted
     # addresses: the request goes where the admin said and the check allowed.
     return urllib.request.build_opener(
         urllib.request.ProxyHandler({}),
         _NoRedirects,
-        _PinnedHTTPHandler(addresses),
-        _PinnedHTTPSHandler(addresses),
+        _PinnedHTTPHandler(addresses, deadline),
+        _PinnedHTTPSHandler(addresses, deadline),
     )
 
 
 def post(url: str, body: bytes, headers: dict[str, str]) -> Outcome:
-    """One POST, no redirects followed, bounded by TIMEOUT_SECONDS.
+    """One POST, no redirects followed, bounded by TIMEOUT_SECONDS from connect to status.
 
     The host is resolved once here and every address checked (unless private targets are
-    allowed); the connection then goes to a checked address. A refused target is a failed
-    attempt like any other, so it is retried with backoff: a DNS change may fix it.
+    allowed); the connection then goes to a checked address (at most MAX_ADDRESSES are
+    tried). Name resolution is bounded by the system resolver, not by TIMEOUT_SECONDS. A
+    refused target is a failed attempt like any other, so it is retried with backoff: a DNS
+    change may fix it.
     """
     started = time.monotonic()
+    timed_out = f"timed out after {TIMEOUT_SECONDS:g} s"
 
     def took() -> int:
         return int((time.monotonic() - started) * 1000)
 
+    deadline = _Deadline(TIMEOUT_SECONDS)
     try:
         host, port = _target(url)
         addresses, literal = _addresses(host, port)
@@ -634,28 +710,42 @@ def post(url: str, body: bytes, headers: dict[str, str]) -> Outcome:
         if refusal:
             return Outcome(False, None, f"refused: {refusal}", took())
         request = urllib.request.Request(url, data=body, headers=headers, method="POST")
-        with _opener(addresses).open(request, timeout=TIMEOUT_SECONDS) as response:
-            code = response.status
-    except WebhookURLError as error:
-        return Outcome(False, None, str(error), took())
-    except _Unresolvable as error:
-        return Outcome(False, None, _short(f"cannot connect: {error}"), took())
-    except urllib.error.HTTPError as error:
-        code = error.code
+        with deadline, _opener(addresses, deadline).open(request, timeout=TIMEOUT_SECONDS) as r:
+            code = r.status
+    except (OSError, ValueError, http.client.HTTPException) as error:
+        if deadline.expired:
+            return Outcome(False, None, timed_out, took())
+        return _failed(error, took(), timed_out)
+    if deadline.expired:
+        # The watchdog's shutdown can read as the end of the headers: not an answer.
+        return Outcome(False, None, timed_out, took())
+    return _answered(code, took())
+
+
+def _failed(error: Exception, took: int, timed_out: str) -> Outcome:
+    """What a POST that raised tells about the receiver (an HTTP error status included)."""
+    if isinstance(error, WebhookURLError):
+        return Outcome(False, None, str(error), took)
+    if isinstance(error, _Unresolvable):
+        return Outcome(False, None, _short(f"cannot connect: {error}"), took)
+    if isinstance(error, urllib.error.HTTPError):
         error.close()
-    except TimeoutError:
-        return Outcome(False, None, f"timed out after {TIMEOUT_SECONDS:g} s", took())
-    except urllib.error.URLError as error:
-        if isinstance(error.reason, TimeoutError):
-            return Outcome(False, None, f"timed out after {TIMEOUT_SECONDS:g} s", took())
-        return Outcome(False, None, _short(f"cannot connect: {error.reason}"), took())
-    except (OSError, ValueError) as error:
-        return Outcome(False, None, _short(f"{type(error).__name__}: {error}"), took())
+        return _answered(error.code, took)
+    if isinstance(error, TimeoutError) or (
+        isinstance(error, urllib.error.URLError) and isinstance(error.reason, TimeoutError)
+    ):
+        return Outcome(False, None, timed_out, took)
+    if isinstance(error, urllib.error.URLError):
+        return Outcome(False, None, _short(f"cannot connect: {error.reason}"), took)
+    return Outcome(False, None, _short(f"{type(error).__name__}: {error}"), took)
+
+
+def _answered(code: int, took: int) -> Outcome:
     if 200 <= code < 300:
-        return Outcome(True, code, "", took())
+        return Outcome(True, code, "", took)
     if 300 <= code < 400:
-        return Outcome(False, code, f"HTTP {code}: redirects are not followed", took())
-    return Outcome(False, code, f"HTTP {code}", took())
+        return Outcome(False, code, f"HTTP {code}: redirects are not followed", took)
+    return Outcome(False, code, f"HTTP {code}", took)
 
 
 class NotRetryable(Exception):
@@ -678,6 +768,19 @@ def _claim(rows, pk: int, now: datetime):
         row.updated_at = now
         row.save(update_fields=["attempts", "next_attempt_at", "updated_at"])
         return row
+
+
+def _still_claimed(rows, row) -> bool:
+    """Lock the row and tell whether this attempt's claim is still the latest one.
+
+    An attempt that outlived IN_FLIGHT may have been overtaken (the reaper re-enqueued the
+    row and another attempt claimed it, or it was retried by hand): its outcome is dropped
+    rather than written over the newer one."""
+    return (
+        rows.select_for_update()
+        .filter(pk=row.pk, status=DeliveryStatus.PENDING, attempts=row.attempts)
+        .exists()
+    )
 
 
 def _settle(row, *, ok: bool, now: datetime) -> bool:
@@ -743,8 +846,9 @@ def _record(delivery: Delivery, outcome: Outcome, now: datetime) -> Delivery:
     from notifications.tasks import deliver_webhook_task
 
     with transaction.atomic():
-        if not Delivery.objects.select_for_update().filter(pk=delivery.pk).exists():
-            return delivery  # its endpoint was deleted during the attempt
+        if not _still_claimed(Delivery.objects, delivery):
+            # Overtaken by a newer attempt, or its endpoint was deleted meanwhile.
+            return Delivery.objects.filter(pk=delivery.pk).first() or delivery
         delivery.last_status_code = outcome.status_code
         delivery.last_error = outcome.error
         delivery.last_duration_ms = outcome.duration_ms
@@ -940,27 +1044,38 @@ def _create_emails(
     recipients: list[str],
     now: datetime,
 ) -> list[EmailDelivery]:
-    """One EmailDelivery per new recipient, each with its task; the caller's transaction."""
-    from notifications.tasks import deliver_email_task
+    """One EmailDelivery per new recipient, in one insert, and one task that sends them all
+    over one SMTP connection; the caller's transaction."""
+    from notifications.tasks import deliver_emails_task
 
-    created = []
-    for recipient in recipients:
-        email, new = EmailDelivery.objects.get_or_create(
+    known = set(
+        EmailDelivery.objects.filter(
+            audit_event_id=audit_event.pk, recipient__in=recipients
+        ).values_list("recipient", flat=True)
+    )
+    rows = [
+        EmailDelivery(
             audit_event_id=audit_event.pk,
             recipient=recipient,
-            defaults={
-                "tenant_id": audit_event.tenant_id,
-                "event": event,
-                "subject": subject,
-                "body": body,
-                "next_attempt_at": now,
-                "created_at": now,
-                "updated_at": now,
-            },
+            tenant_id=audit_event.tenant_id,
+            event=event,
+            subject=subject,
+            body=body,
+            next_attempt_at=now,
+            created_at=now,
+            updated_at=now,
         )
-        if new:
-            deliver_email_task.enqueue(email.pk)
-            created.append(email)
+        for recipient in dict.fromkeys(recipients)
+        if recipient not in known
+    ]
+    if not rows:
+        return []
+    try:
+        with transaction.atomic():
+            created = EmailDelivery.objects.bulk_create(rows)
+    except IntegrityError:
+        return []  # another fan-out of the same event wrote them first, with their task
+    deliver_emails_task.enqueue([email.pk for email in created])
     return created
 
 
@@ -1009,36 +1124,58 @@ def _email_error(error: Exception) -> str:
 
 
 def attempt_email(email_id: int, *, now: datetime | None = None) -> EmailDelivery | None:
-    """Send one attempt of a pending email whose time has come; None when there was none.
+    """attempt_emails for one email; None when it had no attempt due."""
+    sent = attempt_emails([email_id], now=now)
+    return sent[0] if sent else None
 
-    Side effects: claims the attempt (attempts + 1) in a short transaction, hands the one
-    message to EMAIL_BACKEND outside any transaction, then records the outcome: delivered (not
-    audited: one row per recipient would flood the log, and the row keeps delivered_at); or,
-    after MAX_ATTEMPTS, failed (audit email.failed); or pending with the next attempt enqueued
-    after the backoff.
+
+def attempt_emails(email_ids: list[int], *, now: datetime | None = None) -> list[EmailDelivery]:
+    """Send one attempt of each pending email whose time has come, over one SMTP connection.
+
+    Side effects: claims each attempt (attempts + 1) in a short transaction, hands the
+    messages to EMAIL_BACKEND outside any transaction, then records each outcome on its own:
+    delivered (not audited: one row per recipient would flood the log, and the row keeps
+    delivered_at); or, after MAX_ATTEMPTS, failed (audit email.failed); or pending with its
+    next attempt enqueued after the backoff. A connection that cannot be opened fails every
+    claimed email's attempt with that error.
     """
     now = now or timezone.now()
-    email = _claim(EmailDelivery.objects, email_id, now)
-    if email is None:
-        return None
-    message = EmailMessage(email.subject, email.body, None, [email.recipient])
+    claimed = [e for e in (_claim(EmailDelivery.objects, pk, now) for pk in email_ids) if e]
+    if not claimed:
+        return []
+    smtp = get_connection(fail_silently=False)
+    try:
+        smtp.open()
+    except Exception as error:
+        text = _email_error(error)
+        return [_record_email(email, text, now) for email in claimed]
+    try:
+        return [_record_email(email, _send_one(smtp, email), now) for email in claimed]
+    finally:
+        # A failed QUIT changes nothing that was sent.
+        with contextlib.suppress(Exception):
+            smtp.close()
+
+
+def _send_one(smtp, email: EmailDelivery) -> str:
+    """The error of sending one message ("" when the backend took it)."""
+    message = EmailMessage(email.subject, email.body, None, [email.recipient], connection=smtp)
     try:
         message.send(fail_silently=False)
     except Exception as error:
         # Whatever the backend raises (SMTP refusals, a socket error, a bad header), the
         # attempt failed and is recorded; the task itself does not fail.
-        error_text = _email_error(error)
-    else:
-        error_text = ""
-    return _record_email(email, error_text, now)
+        return _email_error(error)
+    return ""
 
 
 def _record_email(email: EmailDelivery, error: str, now: datetime) -> EmailDelivery:
     from notifications.tasks import deliver_email_task
 
     with transaction.atomic():
-        if not EmailDelivery.objects.select_for_update().filter(pk=email.pk).exists():
-            return email  # its tenant was deleted during the attempt
+        if not _still_claimed(EmailDelivery.objects, email):
+            # Overtaken by a newer attempt, or its tenant was deleted meanwhile.
+            return EmailDelivery.objects.filter(pk=email.pk).first() or email
         email.last_error = error
         action = "email.failed" if _settle(email, ok=not error, now=now) else ""
         email.save(

@@ -22,6 +22,14 @@ def deliver_email_task(email_id: int) -> str:
 
 
 @task()
+def deliver_emails_task(email_ids: list[int]) -> int:
+    """The emails of one event, sent over one SMTP connection; retries go one by one."""
+    from notifications import services
+
+    return len(services.attempt_emails(email_ids))
+
+
+@task()
 def send_email_task(audit_event_id: int, recipients: list[str]) -> int:
     """Kept for tasks queued before each email had a row: it only writes those rows."""
     from notifications import services

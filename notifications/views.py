@@ -102,7 +102,7 @@ def endpoint_edit(request: HttpRequest, tenant: str, endpoint: int) -> HttpRespo
     row = _get_endpoint_for_admin(request, tenant, endpoint)
     status = 200
     if request.method == "POST":
-        form = EndpointForm(request.POST)
+        form = EndpointForm(request.POST, saved_url=row.url)
         if form.is_valid():
             services.update_endpoint(row, user=request.user, **form.cleaned_data)
             messages.success(request, "Webhook saved.")

@@ -12,6 +12,15 @@ class RefusingBackend(EmailBackend):
 
     refused: set[str] = set()
     down: bool = False
+    # When set, opening the connection fails (an unreachable SMTP server) before any message.
+    unreachable: bool = False
+    opened: int = 0
+
+    def open(self):
+        type(self).opened += 1
+        if self.unreachable:
+            raise ConnectionRefusedError(111, "Connection refused")
+        return super().open()
 
     def send_messages(self, messages):
         if self.down:

@@ -308,3 +308,39 @@ def test_delivery_whose_endpoint_is_deleted_mid_attempt_records_nothing(tenant, 
 
     assert Delivery.objects.count() == 0
     assert DBTaskResult.objects.filter(task_path=DELIVER_TASK).count() == 1  # the fan-out's
+
+
+def test_a_receiver_that_trickles_its_headers_is_cut_at_the_deadline(monkeypatch):
+    """Socket timeouts bound each read only: the whole request has its own deadline."""
+    import socket as sockets
+    import time as clock
+
+    monkeypatch.setattr(services, "TIMEOUT_SECONDS", 1.0)
+    listener = sockets.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    port = listener.getsockname()[1]
+
+    def trickle():
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(65536)
+            conn.sendall(b"HTTP/1.1 200 OK\r\n")
+            for n in range(12):  # one header line every 0.4 s: 4.8 s in all
+                clock.sleep(0.4)
+                try:
+                    conn.sendall(f"X-Slow-{n}: 1\r\n".encode())
+                except OSError:
+                    return
+
+    thread = threading.Thread(target=trickle, daemon=True)
+    thread.start()
+    started = clock.monotonic()
+
+    outcome = services.post(f"http://127.0.0.1:{port}/hook", b"{}", {})
+
+    elapsed = clock.monotonic() - started
+    thread.join(10)
+    listener.close()
+    assert (outcome.ok, outcome.status_code, outcome.error) == (False, None, "timed out after 1 s")
+    assert elapsed < 2.5

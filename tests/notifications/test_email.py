@@ -18,13 +18,15 @@ from approvals import audit, services
 from approvals.models import ApproverGroup, AuditEvent, Role, Ticket
 from notifications import services as notifications
 from notifications.models import EmailDelivery
-from notifications.tasks import deliver_email_task, send_email_task
+from notifications.tasks import deliver_email_task, deliver_emails_task, send_email_task
 from tests.factories import member, paused_run
 from tests.notifications.mail_backends import RefusingBackend
 
 pytestmark = pytest.mark.django_db
 
 EMAIL_TASK = "notifications.tasks.deliver_email_task"
+# The emails of one event go out together; a retry goes alone.
+BATCH_TASK = "notifications.tasks.deliver_emails_task"
 
 
 @pytest.fixture(autouse=True)
@@ -41,9 +43,10 @@ def with_email(user, address: str):
 
 def run_email_tasks() -> None:
     """What the worker does: run each queued email task once (in the order of their rows)."""
-    rows = DBTaskResult.objects.filter(task_path=EMAIL_TASK)
-    for row in sorted(rows, key=lambda r: r.args_kwargs["args"][0]):
-        deliver_email_task.call(*row.args_kwargs["args"], **row.args_kwargs["kwargs"])
+    tasks = {EMAIL_TASK: deliver_email_task, BATCH_TASK: deliver_emails_task}
+    rows = DBTaskResult.objects.filter(task_path__in=tasks)
+    for row in sorted(rows, key=lambda r: str(r.args_kwargs["args"][0])):
+        tasks[row.task_path].call(*row.args_kwargs["args"], **row.args_kwargs["kwargs"])
         row.delete()
 
 
@@ -190,10 +193,11 @@ def smtp(settings):
     """The refusing backend, reset: set `.down` or add addresses to `.refused`."""
     settings.EMAIL_BACKEND = "tests.notifications.mail_backends.RefusingBackend"
     RefusingBackend.refused = set()
-    RefusingBackend.down = False
+    RefusingBackend.down = RefusingBackend.unreachable = False
+    RefusingBackend.opened = 0
     yield RefusingBackend
     RefusingBackend.refused = set()
-    RefusingBackend.down = False
+    RefusingBackend.down = RefusingBackend.unreachable = False
 
 
 def escalate(tenant, people, detail=None):
@@ -216,10 +220,12 @@ def escalate(tenant, people, detail=None):
 
 
 def email_tasks() -> list[tuple[int, object]]:
-    """(email id, run_after or None) of the queued email tasks."""
+    """(email id, run_after or None) of the queued email tasks, a batch's emails one by one."""
     tasks = (
-        (row.args_kwargs["args"][0], row.run_after if row.run_after.year < 9999 else None)
-        for row in DBTaskResult.objects.filter(task_path=EMAIL_TASK)
+        (pk, row.run_after if row.run_after.year < 9999 else None)
+        for row in DBTaskResult.objects.filter(task_path__in=[EMAIL_TASK, BATCH_TASK])
+        for arg in [row.args_kwargs["args"][0]]
+        for pk in (arg if isinstance(arg, list) else [arg])
     )
     return sorted(tasks, key=lambda t: (t[0], t[1].isoformat() if t[1] else ""))
 
@@ -418,3 +424,68 @@ def test_email_any_backend_error_is_a_short_masked_failed_attempt(
         recorded or "SMTPServerDisconnected: Connection unexpectedly closed"
     )
     assert "ann@example.com" not in email.last_error
+
+
+def test_email_an_events_messages_go_out_over_one_connection(tenant, people, smtp):
+    event = escalate(tenant, people)
+
+    assert len(email_tasks()) == 3  # one task holding the three emails
+    run_email_tasks()
+
+    assert smtp.opened == 1
+    assert sorted(m.to[0] for m in mail.outbox) == [
+        "ada@example.com",
+        "ann@example.com",
+        "bob@example.com",
+    ]
+    statuses = EmailDelivery.objects.filter(audit_event_id=event.pk).values_list(
+        "status", flat=True
+    )
+    assert set(statuses) == {"delivered"}
+
+
+def test_email_an_unreachable_server_fails_each_claimed_attempt_once(tenant, people, smtp):
+    event = escalate(tenant, people)
+    smtp.unreachable = True
+
+    run_email_tasks()
+
+    rows = EmailDelivery.objects.filter(audit_event_id=event.pk)
+    assert [(r.status, r.attempts) for r in rows] == [("pending", 1)] * 3
+    assert {r.last_error for r in rows} == {
+        "ConnectionRefusedError: [Errno 111] Connection refused"
+    }
+    assert smtp.opened == 1 and mail.outbox == []
+    assert len(email_tasks()) == 3  # each retried on its own after the backoff
+
+
+def test_email_fan_out_queries_do_not_grow_with_recipients(tenant, people):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    counts = []
+    for extra in (0, 10):
+        for n in range(extra):
+            with_email(member(tenant, Role.APPROVER, f"more{n}"), f"more{n}@example.com")
+        with CaptureQueriesContext(connection) as queries:
+            escalate(tenant, people)
+        counts.append(len(queries))
+
+    assert counts[0] == counts[1]
+
+
+def test_email_a_stale_attempt_never_overwrites_a_newer_outcome(tenant, people, smtp):
+    escalate(tenant, people)
+    email = EmailDelivery.objects.get(recipient="ann@example.com")
+    start = timezone.now()
+    stale = notifications._claim(EmailDelivery.objects, email.pk, start)
+    # The reaper gives the row a new task after IN_FLIGHT and STALE; that attempt delivers.
+    later = start + notifications.IN_FLIGHT + notifications.STALE + timedelta(seconds=1)
+    assert notifications.attempt_email(email.pk, now=later).status == "delivered"
+
+    kept = notifications._record_email(stale, "TimeoutError: timed out", start)
+
+    email.refresh_from_db()
+    assert (kept.status, email.status, email.attempts) == ("delivered", "delivered", 2)
+    assert email.last_error == "" and email.delivered_at is not None
+    assert len(mail.outbox) == 1

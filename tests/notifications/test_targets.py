@@ -44,7 +44,9 @@ class FakeDNS:
 
     def __init__(self) -> None:
         self.names: dict[str, list[str]] = {}
+        # Names asked of the real resolver (must stay empty) and of the fake one.
         self.looked_up: list[str] = []
+        self.resolved: list[str] = []
 
     def __setitem__(self, name: str, addresses: list[str]) -> None:
         self.names[name] = addresses
@@ -56,6 +58,7 @@ def dns(monkeypatch) -> FakeDNS:
     real_getaddrinfo = socket.getaddrinfo
 
     def resolve(host, port):
+        fake.resolved.append(host)
         if host not in fake.names:
             raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
         return [ipaddress.ip_address(a) for a in fake.names[host]]
@@ -182,13 +185,13 @@ def test_targets_blocked_reason(address, reason):
         ),
         (
             "https://inside.example.com/hook",
-            "inside.example.com resolves to 10.0.0.7, a private address; "
+            "inside.example.com resolves to a private address; "
             "webhooks may only go to public addresses.",
         ),
         (
             # One private address among public ones is enough.
             "https://mixed.example.com/hook",
-            "mixed.example.com resolves to 127.0.0.1, a loopback address; "
+            "mixed.example.com resolves to a loopback address; "
             "webhooks may only go to public addresses.",
         ),
         (
@@ -199,8 +202,7 @@ def test_targets_blocked_reason(address, reason):
         # An IPv4 address spelt oddly is a name to the URL parser; the resolver reads it.
         (
             "http://2130706433/",
-            "2130706433 resolves to 127.0.0.1, a loopback address; "
-            "webhooks may only go to public addresses.",
+            "2130706433 resolves to a loopback address; webhooks may only go to public addresses.",
         ),
     ],
 )
@@ -228,7 +230,7 @@ def test_targets_check_url_allowing_private_looks_nothing_up(settings, dns):
     assert services.check_url("http://127.0.0.1:8025/") == "http://127.0.0.1:8025/"
     # Not even a name that does not resolve: development may name hosts of its own.
     assert services.check_url("https://nowhere.example.com/") == "https://nowhere.example.com/"
-    assert dns.looked_up == []
+    assert dns.resolved == [] and dns.looked_up == []
 
 
 def test_targets_create_form_shows_why_a_loopback_url_is_refused(
@@ -265,10 +267,32 @@ def test_targets_edit_form_refuses_a_name_that_resolves_to_the_metadata_address(
 
     assert response.status_code == 400
     assert (
-        "metadata.example.com resolves to 169.254.169.254, a link-local address; "
+        "metadata.example.com resolves to a link-local address; "
         "webhooks may only go to public addresses." in response.content.decode()
     )
     assert WebhookEndpoint.objects.get(pk=endpoint.pk).url == "https://hooks.example.com/hook"
+
+
+def test_targets_a_webhook_the_guard_now_refuses_can_still_be_switched_off(
+    client, tenant, admin, settings, dns
+):
+    # Saved while private targets were allowed; the guard is on now and the name is private.
+    endpoint, _ = make_endpoint(tenant, admin, url="https://inside.example.com/hook")
+    dns["inside.example.com"] = ["10.0.0.7"]
+    settings.NOTIFICATIONS_ALLOW_PRIVATE_WEBHOOKS = False
+    client.force_login(admin)
+    url = reverse("notifications:webhook", args=["acme", endpoint.pk])
+
+    off = client.post(url, {"url": endpoint.url, "events": ["run.completed"], "active": ""})
+    moved = client.post(url, {"url": "https://inside.example.com/other", "events": ["run.failed"]})
+
+    endpoint.refresh_from_db()
+    assert off.status_code == 302
+    assert (endpoint.active, endpoint.events) == (False, ["run.completed"])
+    assert dns.resolved == ["inside.example.com"]  # only for the new URL
+    assert moved.status_code == 400
+    assert "inside.example.com resolves to a private address" in moved.content.decode()
+    assert endpoint.url == "https://inside.example.com/hook"
 
 
 def test_targets_create_endpoint_refuses_without_a_row(tenant, admin, refuse_private, dns):
@@ -314,10 +338,7 @@ def test_targets_a_name_rebound_to_loopback_after_saving_is_refused_at_send_time
     assert loopback.requests == []
     # A failed attempt like any other: retried after the backoff, as DNS may change again.
     assert (delivery.status, delivery.attempts, delivery.last_status_code) == ("pending", 1, None)
-    assert (
-        delivery.last_error
-        == "refused: hooks.example.com resolves to 127.0.0.1, a loopback address"
-    )
+    assert delivery.last_error == "refused: hooks.example.com resolves to a loopback address"
     assert delivery.next_attempt_at is not None
 
 
@@ -337,7 +358,7 @@ def test_targets_post_refuses_when_any_address_is_private(refuse_private, dns, l
 
     outcome = services.post(f"http://hooks.example.com:{loopback.port}/hook", b"{}", {})
 
-    assert outcome.error == "refused: hooks.example.com resolves to 127.0.0.1, a loopback address"
+    assert outcome.error == "refused: hooks.example.com resolves to a loopback address"
     assert loopback.requests == []
 
 

@@ -74,3 +74,29 @@ class DatabaseUnavailableMiddleware:
         )
         response["Retry-After"] = "5"
         return response
+
+
+class UnstorableValueMiddleware:
+    """A value the database refuses (a NUL byte in text, a number out of range) answers 400
+    with what was wrong, not a 500: every write runs in a transaction, so nothing changed."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        return self.get_response(request)
+
+    def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
+        from django.db import DataError
+        from django.http import HttpResponseBadRequest
+
+        if not isinstance(exception, DataError):
+            return None
+        logger.info(
+            "refused an unstorable value in %s %s: %s", request.method, request.path, exception
+        )
+        return HttpResponseBadRequest(
+            "The request held a value the console cannot store (a NUL byte in a text, or a number "
+            "out of range). Nothing was changed; correct it and try again.",
+            content_type="text/plain; charset=utf-8",
+        )

@@ -122,6 +122,22 @@ def groups_of(user, tenant_id: int) -> set[str]:
     )
 
 
+def vote_refusal(
+    vote: TicketVote, groups_now: set[str], ticket: Ticket, policy: ApprovalPolicy
+) -> str:
+    """Why a vote no longer holds under the groups its voter is in now; "" when it does.
+
+    A vote given after the ticket's escalation needs the escalation group; one given before
+    needs the policy's deciding groups (when it names any)."""
+    if ticket.escalated_at and policy.escalation_group and vote.created_at >= ticket.escalated_at:
+        allowed = [policy.escalation_group]
+    else:
+        allowed = list(policy.allowed_groups or [])
+    if not allowed or groups_now & set(allowed):
+        return ""
+    return f"only members of {' or '.join(allowed)} may decide this ticket"
+
+
 def eligible_groups(ticket: Ticket, policy: ApprovalPolicy) -> list[str]:
     """The groups whose members may decide the ticket; empty means anyone who may decide."""
     if ticket.escalated_at and policy.escalation_group:

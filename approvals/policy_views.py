@@ -142,6 +142,10 @@ def policy_edit(request: HttpRequest) -> HttpResponse:
 def policy_remove(request: HttpRequest) -> HttpResponse:
     tenant = _get_admin_tenant(request, request.POST.get("tenant", ""))
     agent_key, tool_name = request.POST.get("agent", ""), request.POST.get("tool", "")
+    if (agent_key and agent_key not in settings.APPROVALS_AGENTS) or (
+        tool_name and tool_name not in registry.tool_names()
+    ):
+        raise Http404("No such agent or tool.")
     try:
         removed = services.remove_policy(
             tenant=tenant, user=request.user, agent_key=agent_key, tool_name=tool_name
@@ -234,6 +238,8 @@ def group_delete(request: HttpRequest) -> HttpResponse:
         services.delete_group(tenant=tenant, user=request.user, name=name)
     except services.PolicyError as error:
         messages.error(request, f"Not deleted: {error}.")
+        if "\x00" in name:
+            return redirect(groups_url)
         return redirect(f"{groups_url}&{urlencode({'name': name})}")
     messages.success(request, f"Deleted the group {name}.")
     return redirect(groups_url)

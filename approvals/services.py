@@ -31,6 +31,7 @@ from approvals import audit, crypto, faults, ledger, live, policies, preauth, re
 from approvals.agent_sessions import SessionRef, describe, reopen
 from approvals.canonical import arguments_digest, canonical_arguments, canonical_json
 from approvals.models import (
+    TERMINAL_RUN_STATUSES,
     ApprovalPolicy,
     ApproverGroup,
     ExpiryAction,
@@ -799,16 +800,11 @@ def _check_before_resume(run: Run, tickets: list[Ticket]) -> None:
             # Group membership counts as it is now, not as it was at the vote: someone taken
             # out of a group since no longer speaks for it.
             policy = policies.policy_of(ticket)
-            if policy.group_rules or policy.allowed_groups:
+            if policy.group_rules or policy.allowed_groups or policy.escalation_group:
                 for vote in votes:
                     now_in = policies.groups_of(vote.user, run.tenant_id)
                     vote.groups = [g for g in vote.groups if g in now_in]
-                    # Before an escalation, who may decide is the policy's groups.
-                    why = (
-                        ""
-                        if ticket.escalated_at
-                        else policies.refusal_for(vote.user, ticket, policy)
-                    )
+                    why = policies.vote_refusal(vote, now_in, ticket, policy)
                     if why:
                         raise _Refusal(
                             f"{REGENERATE}: {vote.user.get_username()}, whose approval counted "
@@ -1662,14 +1658,21 @@ def _check_groups_exist(tenant: Tenant, named: set[str]) -> None:
 
 
 def delete_group(*, tenant: Tenant, user, name: str) -> None:
-    """Delete an approver group that no current policy names.
+    """Delete an approver group that no current policy names and no open ticket depends on.
+
+    An approved ticket whose run has not resumed yet keeps the policy version it was decided
+    under, and the resume checks its voters against that version's groups as they are then:
+    deleting a group that version names would void those approvals, so it is refused too.
 
     Side effects, in one transaction under the tenant's lock (which save_policy also takes, so
     no policy can start naming the group meanwhile): the group row and its memberships; audit
-    event group.deleted with its members. Raises PolicyError naming the policies that use the
-    group, writing nothing. Votes already given keep the group names they were counted under.
+    event group.deleted with its members. Raises PolicyError naming what uses the group,
+    writing nothing.
     """
     _require_admin(user, tenant.pk)
+    name = " ".join((name or "").split())
+    if not name or len(name) > 100 or "\x00" in name:
+        raise PolicyError("name the group to delete")
     with transaction.atomic():
         Tenant.objects.select_for_update().only("pk").get(pk=tenant.pk)
         group = ApproverGroup.objects.filter(tenant=tenant, name=name).first()
@@ -1684,6 +1687,24 @@ def delete_group(*, tenant: Tenant, user, name: str) -> None:
             raise PolicyError(
                 f"the group {name} is named by {', '.join(users)}; "
                 "change those policies first, then delete it"
+            )
+        open_tickets = (
+            Ticket.objects.filter(
+                tenant=tenant,
+                status__in=[TicketStatus.PENDING, TicketStatus.APPROVED],
+                policy__isnull=False,
+            )
+            .exclude(run__status__in=TERMINAL_RUN_STATUSES)
+            .select_related("policy")
+            .order_by("pk")
+        )
+        holding = [t.pk for t in open_tickets if name in policies.groups_named(t.policy)]
+        if holding:
+            shown = ", ".join(f"#{pk}" for pk in holding[:5]) + (" ..." if len(holding) > 5 else "")
+            raise PolicyError(
+                f"the group {name} still counts for ticket{'s' if len(holding) > 1 else ''} "
+                f"{shown}, decided or pending under an earlier policy version; delete it once "
+                "their runs have moved on"
             )
         members = sorted(group.members.values_list("username", flat=True))
         group.delete()

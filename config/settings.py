@@ -80,6 +80,7 @@ MIDDLEWARE = [
     "django_htmx.middleware.HtmxMiddleware",
     "approvals.middleware.SecurityHeadersMiddleware",
     "approvals.middleware.DatabaseUnavailableMiddleware",
+    "approvals.middleware.UnstorableValueMiddleware",
     # Last, as django-axes asks: it turns a locked-out sign-in into a clear 429 page.
     "axes.middleware.AxesMiddleware",
 ]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from django.db import OperationalError
+from django.db import DataError, OperationalError
 from django.http import HttpResponse
 from django.test import RequestFactory
 
@@ -10,6 +10,7 @@ from approvals.middleware import (
     CONSOLE_CSP,
     DatabaseUnavailableMiddleware,
     SecurityHeadersMiddleware,
+    UnstorableValueMiddleware,
 )
 
 
@@ -42,3 +43,18 @@ def test_database_unavailable_middleware_leaves_other_errors_alone():
     middleware = DatabaseUnavailableMiddleware(lambda request: HttpResponse("unused"))
 
     assert middleware.process_exception(RequestFactory().get("/"), ValueError("x")) is None
+
+
+def test_unstorable_value_middleware_answers_400_with_the_reason():
+    request = RequestFactory().post("/policies/groups/delete/")
+    middleware = UnstorableValueMiddleware(lambda request: HttpResponse("unused"))
+
+    response = middleware.process_exception(
+        request, DataError("PostgreSQL text fields cannot contain NUL (0x00) bytes")
+    )
+    other = middleware.process_exception(request, ValueError("not ours"))
+
+    assert response.status_code == 400
+    assert "a NUL byte in a text" in response.content.decode()
+    assert "Nothing was changed" in response.content.decode()
+    assert other is None

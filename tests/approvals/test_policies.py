@@ -780,3 +780,57 @@ def test_removing_a_scope_without_a_policy_is_refused_and_writes_nothing(world):
 
     assert ApprovalPolicy.objects.count() == 2
     assert AuditEvent.objects.filter(action="policy.removed").count() == 1
+
+
+@pytest.mark.parametrize(
+    "allowed", [[], ["release managers"]], ids=["any-decider", "allowed-groups"]
+)
+def test_a_voter_taken_out_of_the_escalation_group_is_refused_at_resume(world, allowed):
+    tenant, p = world
+    leads = group(tenant, "on-call leads", p["carol"])
+    group(tenant, "release managers", p["alice"])
+    set_policy(
+        tenant,
+        p["admin"],
+        on_expiry="escalate",
+        escalation_group="on-call leads",
+        allowed_groups=allowed,
+    )
+    ticket = new_ticket(tenant, p["requester"])
+    lapse(ticket)
+    services.reap()
+    services.decide(Ticket.objects.get(pk=ticket.pk), user=p["carol"], approve=True)
+    leads.members.remove(p["carol"])
+
+    outcome = services.resume(run_id=ticket.run_id)
+
+    assert outcome.status == RunStatus.NEEDS_ATTENTION
+    assert "carol, whose approval counted for ticket" in outcome.reason
+    assert "only members of on-call leads may decide this ticket" in outcome.reason
+    assert demo.read_effects() == []
+
+
+def test_a_group_an_approved_ticket_still_counts_on_cannot_be_deleted(world):
+    tenant, p = world
+    group(tenant, "release managers", p["alice"])
+    set_policy(tenant, p["admin"], allowed_groups=["release managers"])
+    ticket = new_ticket(tenant, p["requester"])
+    services.decide(ticket, user=p["alice"], approve=True)  # approved; the run not resumed yet
+    set_policy(tenant, p["admin"], allowed_groups=[])  # the current version names no group
+
+    with pytest.raises(services.PolicyError, match=rf"still counts for ticket #{ticket.pk},"):
+        services.delete_group(tenant=tenant, user=p["admin"], name="release managers")
+    assert ApproverGroup.objects.filter(name="release managers").exists()
+
+    # Once the run has resumed (here: completed), the group can go.
+    Run.objects.filter(pk=ticket.run_id).update(status=RunStatus.COMPLETED)
+    services.delete_group(tenant=tenant, user=p["admin"], name="release managers")
+    assert not ApproverGroup.objects.exists()
+
+
+def test_deleting_a_group_by_a_malformed_name_is_refused(world):
+    tenant, p = world
+
+    for name in ("", "   ", "a\x00b", "x" * 101):
+        with pytest.raises(services.PolicyError, match="name the group to delete"):
+            services.delete_group(tenant=tenant, user=p["admin"], name=name)

@@ -538,3 +538,15 @@ def test_policy_remove_is_404_for_non_admins_and_405_for_get(client, world):
     client.force_login(world["admin"])
     assert client.get(REMOVE, data).status_code == 405
     assert ApprovalPolicy.objects.filter(retired=True).count() == 0
+
+
+def test_group_delete_and_policy_remove_answer_bad_input_without_a_500(client, world):
+    client.force_login(world["admin"])
+
+    bad_group = client.post(DELETE_GROUP, {"tenant": "acme", "name": "a\x00b"}, follow=True)
+    bad_tool = client.post(REMOVE, {"tenant": "acme", "agent": "", "tool": "x\x00y"})
+    bad_agent = client.post(REMOVE, {"tenant": "acme", "agent": "nobody", "tool": ""})
+
+    assert bad_group.status_code == 200
+    assert "Not deleted: name the group to delete." in bad_group.content.decode()
+    assert (bad_tool.status_code, bad_agent.status_code) == (404, 404)

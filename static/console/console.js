@@ -185,7 +185,8 @@
   function mark(row, focus) {
     rows().forEach((other) => other.classList.toggle("selected", other === row));
     const link = row && row.querySelector("a.row-link");
-    if (link && focus) link.focus();
+    // A re-read must not scroll the page to the row; j and k scroll it into view themselves.
+    if (link && focus) link.focus({ preventScroll: true });
   }
   function select(index) {
     const all = rows();
@@ -193,17 +194,27 @@
     const row = all[Math.max(0, Math.min(index, all.length - 1))];
     cursor = row.id;
     mark(row, true);
+    row.scrollIntoView({ block: "nearest" });
   }
   function selectedIndex() {
     return cursor === null ? -1 : rows().findIndex((row) => row.id === cursor);
   }
+  // Focus goes with a redrawn link: remember whether it was in the list, to put it back.
+  let focusInList = false;
+  body.addEventListener("htmx:beforeSwap", (event) => {
+    const target = event.detail.target;
+    if (target && target.querySelector("[data-keyboard-list]")) {
+      focusInList = target.contains(document.activeElement);
+    }
+  });
   body.addEventListener("htmx:afterSettle", () => {
+    const refocus = focusInList;
+    focusInList = false;
     if (cursor === null) return;
     const row = document.getElementById(cursor);
     // The row left the list (decided, expired): the cursor goes back to the top.
     if (!row || !row.matches("[data-keyboard-list] [data-row]")) { cursor = null; mark(null, false); return; }
-    // Focus went with the redrawn link only if it was in the list: put it back there.
-    mark(row, document.activeElement === body || document.activeElement === null);
+    mark(row, refocus);
   });
   document.addEventListener("keydown", (event) => {
     if (event.ctrlKey || event.metaKey || event.altKey || typing(event.target)) return;

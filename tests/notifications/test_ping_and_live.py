@@ -226,3 +226,27 @@ def test_email_log_live_reread_and_email_hints_go_to_admins(
             "status": "pending",
         },
     )
+
+
+def test_ping_is_refused_by_the_guard_and_reaches_nobody(client, tenant, admin, receiver, settings):
+    endpoint, _ = make_endpoint(tenant, admin, url=receiver.url)  # saved while allowed
+    settings.NOTIFICATIONS_ALLOW_PRIVATE_WEBHOOKS = False
+    client.force_login(admin)
+
+    page = client.post(ping_url(endpoint), follow=True).content.decode()
+
+    assert "failed: refused: 127.0.0.1 is a loopback address" in page
+    assert receiver.received == []
+    assert AuditEvent.objects.get(action="webhook.pinged").outcome == DeliveryStatus.FAILED
+
+
+def test_post_ignores_proxies_from_the_environment(receiver, monkeypatch):
+    for name in ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "all_proxy"):
+        monkeypatch.setenv(name, "http://127.0.0.1:9")  # nothing listens there
+    monkeypatch.delenv("no_proxy", raising=False)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+
+    outcome = services.post(receiver.url, b"{}", {})
+
+    assert (outcome.ok, outcome.status_code) == (False, 401)  # the receiver itself answered
+    assert len(receiver.received) == 1

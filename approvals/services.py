@@ -1529,22 +1529,14 @@ def save_policy(
         # Saving the same values again must not cost pending tickets their approvals.
         if previous is not None and not changes:
             raise PolicyUnchanged(previous)
-        policy.save()
-        why = f"changed the policy to v{policy.version}"
-        moved = _move_pending_tickets(policy, user=user, now=now, why=why)
-        audit.append(
-            tenant_id=tenant.pk,
+        _write_version(
+            policy,
+            user=user,
+            now=now,
+            why=f"changed the policy to v{policy.version}",
             action="policy.changed",
-            actor=user,
             outcome="changed",
-            detail={
-                "scope": policy.scope_label,
-                "agent": agent_key,
-                "tool": tool_name,
-                "version": policy.version,
-                "changes": changes,
-                "tickets_moved": moved,
-            },
+            changes=changes,
         )
     return policy
 
@@ -1581,24 +1573,40 @@ def remove_policy(
             created_at=now,
             **{name: getattr(current, name) for name in POLICY_FIELDS},
         )
-        retired.save()
-        why = f"removed the policy for {retired.scope_label}"
-        moved = _move_pending_tickets(retired, user=user, now=now, why=why)
-        audit.append(
-            tenant_id=tenant.pk,
+        _write_version(
+            retired,
+            user=user,
+            now=now,
+            why=f"removed the policy for {retired.scope_label}",
             action="policy.removed",
-            actor=user,
             outcome="removed",
-            detail={
-                "scope": retired.scope_label,
-                "agent": agent_key,
-                "tool": tool_name,
-                "version": retired.version,
-                "removed": current.version,
-                "tickets_moved": moved,
-            },
+            removed=current.version,
         )
     return retired
+
+
+def _write_version(
+    policy: ApprovalPolicy, *, user, now, why: str, action: str, outcome: str, **detail: Any
+) -> None:
+    """Store a scope's new version, move the pending tickets it now decides (their approvals
+    invalidated with `why`) and audit it. Runs in the caller's transaction, under the tenant's
+    lock."""
+    policy.save()
+    moved = _move_pending_tickets(policy, user=user, now=now, why=why)
+    audit.append(
+        tenant_id=policy.tenant_id,
+        action=action,
+        actor=user,
+        outcome=outcome,
+        detail={
+            "scope": policy.scope_label,
+            "agent": policy.agent_key,
+            "tool": policy.tool_name,
+            "version": policy.version,
+            **detail,
+            "tickets_moved": moved,
+        },
+    )
 
 
 def _move_pending_tickets(scope: ApprovalPolicy, *, user, now, why: str) -> int:
@@ -1615,8 +1623,12 @@ def _move_pending_tickets(scope: ApprovalPolicy, *, user, now, why: str) -> int:
     if scope.agent_key:
         pending = pending.filter(run__agent_key=scope.agent_key)
     moved = 0
+    governing: dict[tuple[str, str], ApprovalPolicy] = {}  # one resolve per agent and tool
     for ticket in pending:
-        policy = policies.resolve(ticket.tenant_id, ticket.run.agent_key, ticket.tool_name)
+        key = (ticket.run.agent_key, ticket.tool_name)
+        if key not in governing:
+            governing[key] = policies.resolve(ticket.tenant_id, *key)
+        policy = governing[key]
         if ticket.policy_id == policy.pk:
             continue
         old = policies.policy_of(ticket)
@@ -1688,17 +1700,20 @@ def delete_group(*, tenant: Tenant, user, name: str) -> None:
                 f"the group {name} is named by {', '.join(users)}; "
                 "change those policies first, then delete it"
             )
-        open_tickets = (
-            Ticket.objects.filter(
-                tenant=tenant,
-                status__in=[TicketStatus.PENDING, TicketStatus.APPROVED],
-                policy__isnull=False,
-            )
-            .exclude(run__status__in=TERMINAL_RUN_STATUSES)
-            .select_related("policy")
+        # The versions open tickets hold are few, however many the tickets: read those.
+        open_tickets = Ticket.objects.filter(
+            tenant=tenant, status__in=[TicketStatus.PENDING, TicketStatus.APPROVED]
+        ).exclude(run__status__in=TERMINAL_RUN_STATUSES)
+        naming = [
+            policy.pk
+            for policy in ApprovalPolicy.objects.filter(pk__in=open_tickets.values("policy_id"))
+            if name in policies.groups_named(policy)
+        ]
+        holding = list(
+            open_tickets.filter(policy_id__in=naming)
             .order_by("pk")
+            .values_list("pk", flat=True)[:6]
         )
-        holding = [t.pk for t in open_tickets if name in policies.groups_named(t.policy)]
         if holding:
             shown = ", ".join(f"#{pk}" for pk in holding[:5]) + (" ..." if len(holding) > 5 else "")
             raise PolicyError(

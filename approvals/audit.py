@@ -15,9 +15,9 @@ from typing import Any
 from django.db import connection, transaction
 from django.utils import timezone
 
-from approvals.canonical import canonical_json
+from approvals.core.canonical import canonical_json
+from approvals.core.redaction import redact
 from approvals.models import AuditEvent, Tenant
-from approvals.redaction import redact
 
 GENESIS = "0" * 64
 logger = logging.getLogger("approvals.audit")

@@ -24,7 +24,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from approvals import audit, services
-from approvals.canonical import arguments_digest, canonical_arguments
+from approvals.core.canonical import arguments_digest, canonical_arguments
 from approvals.models import AuditEvent, Run, RunStatus, Tenant, Ticket, TicketStatus
 
 # Processes and start_web are used by the bench command through this module.
@@ -434,7 +434,7 @@ def measure_pause(tenant: Tenant, requester, turns: int, repeats: int) -> dict[s
             context=result.context_wrapper.context,
             context_serializer=demo.release_context_serializer,
         )
-        from approvals import crypto
+        from approvals.core import crypto
 
         crypto.seal(payload, purpose=services.STATE_PURPOSE, tenant=1, run=1, generation=1)
         serialise.append(time.perf_counter() - started)

@@ -9,7 +9,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 
 from approvals import policies, preauth, registry
-from approvals.canonical import canonical_json
+from approvals.core.canonical import canonical_json
 from approvals.models import ApprovalPolicy, ExpiryAction, RunStatus, TicketStatus
 from approvals.services import MAX_MESSAGE_CHARS
 from approvals.team import MAX_BATCH, MAX_COMMENT_CHARS

@@ -23,9 +23,10 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError
 from jsonschema.validators import validator_for
 
-from approvals import audit, live, presenters, registry
+from approvals import audit, live, registry
+from approvals.core import presenters
+from approvals.core.redaction import is_secret_key
 from approvals.models import Membership, PreAuthorization, Run, Ticket, TicketStatus
-from approvals.redaction import is_secret_key
 
 # The message to the model. The demo's scripted model parses it back with parse_correction().
 CORRECTION = "The approver changed the arguments. Call {tool} again with exactly these arguments: {arguments}"

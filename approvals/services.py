@@ -27,9 +27,11 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from approvals import audit, crypto, faults, ledger, live, policies, preauth, registry
+from approvals import audit, ledger, live, policies, preauth, registry
 from approvals.agent_sessions import SessionRef, describe, reopen
-from approvals.canonical import arguments_digest, canonical_arguments, canonical_json
+from approvals.core import crypto, faults
+from approvals.core.canonical import arguments_digest, canonical_arguments, canonical_json
+from approvals.core.redaction import find_secrets, redact, secret_shape
 from approvals.models import (
     TERMINAL_RUN_STATUSES,
     ApprovalPolicy,
@@ -47,7 +49,6 @@ from approvals.models import (
     TicketStatus,
     TicketVote,
 )
-from approvals.redaction import find_secrets, redact, secret_shape
 
 logger = logging.getLogger(__name__)
 

@@ -14,9 +14,10 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from approvals import audit, crypto, live, policies, presenters, services
+from approvals import audit, live, policies, services
+from approvals.core import crypto, presenters
+from approvals.core.redaction import mask_secrets
 from approvals.models import CLAIM_LAPSE, AuditEvent, Membership, Role, Ticket, TicketStatus
-from approvals.redaction import mask_secrets
 
 MAX_COMMENT_CHARS = 2000
 MAX_BATCH = 100

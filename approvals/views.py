@@ -29,8 +29,10 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from django_htmx.http import HttpResponseClientRedirect, trigger_client_event
 from django_htmx.middleware import HtmxDetails
 
-from approvals import crypto, policies, preauth, presenters, registry, services, team
+from approvals import policies, preauth, registry, services, team
 from approvals.audit import verify_chain
+from approvals.core import crypto, presenters
+from approvals.core.pagination import BadCursor, after_descending
 from approvals.forms import (
     ARG_PREFIX,
     AuditFilterForm,
@@ -54,7 +56,6 @@ from approvals.models import (
     Ticket,
     TicketStatus,
 )
-from approvals.pagination import BadCursor, after_descending
 
 QUEUE_PAGE = 25
 AUDIT_PAGE = 50

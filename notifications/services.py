@@ -39,9 +39,10 @@ from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils import timezone
 
-from approvals import audit, crypto, live
+from approvals import audit, live
+from approvals.core import crypto
+from approvals.core.redaction import redact
 from approvals.models import DECIDING_ROLES, ApproverGroup, AuditEvent, Membership, Run, Tenant
-from approvals.redaction import redact
 from notifications import signing
 from notifications.events import event_for
 from notifications.models import (

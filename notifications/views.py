@@ -13,8 +13,8 @@ from django.urls import reverse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
+from approvals.core.pagination import BadCursor, after_descending
 from approvals.models import Membership, Role, Tenant
-from approvals.pagination import BadCursor, after_descending
 from notifications import services
 from notifications.forms import DeliveryFilterForm, EmailFilterForm, EndpointForm
 from notifications.models import Delivery, DeliveryStatus, EmailDelivery, WebhookEndpoint

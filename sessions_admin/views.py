@@ -13,7 +13,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from approvals import presenters
+from approvals.core import presenters
 from approvals.models import Membership, Role, Tenant
 from sessions_admin import services
 from sessions_admin.stores import (

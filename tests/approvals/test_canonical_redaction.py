@@ -8,14 +8,14 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from approvals.canonical import (
+from approvals.core.canonical import (
     arguments_digest,
     canonical_arguments,
     canonical_json,
     parse_arguments,
     sha256_hex,
 )
-from approvals.redaction import find_secrets, is_secret_key, mask_secrets, redact, secret_shape
+from approvals.core.redaction import find_secrets, is_secret_key, mask_secrets, redact, secret_shape
 
 # Built from parts so that no complete fake credential sits in the source.
 OPENAI_KEY = "sk-" + "proj" + "A1b2C3d4E5f6G7h8I9j0"

@@ -8,7 +8,8 @@ import os
 
 import pytest
 
-from approvals import crypto, services
+from approvals import services
+from approvals.core import crypto
 from approvals.models import AuditEvent, Run
 from tests.factories import TenantFactory, paused_run
 

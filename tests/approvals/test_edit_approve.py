@@ -16,7 +16,7 @@ from django.utils.html import escape
 from django_tasks_db.models import DBTaskResult
 
 from approvals import demo, preauth, services
-from approvals.canonical import arguments_digest
+from approvals.core.canonical import arguments_digest
 from approvals.models import (
     AuditEvent,
     IdempotencyRecord,

@@ -6,8 +6,8 @@ import pytest
 from django.urls import reverse
 
 from approvals import services
+from approvals.core.presenters import ArgRow, Change
 from approvals.models import Role, Ticket
-from approvals.presenters import ArgRow, Change
 from tests.factories import TenantFactory, member, paused_run
 
 pytestmark = pytest.mark.django_db

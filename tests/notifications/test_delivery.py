@@ -230,7 +230,7 @@ def test_endpoint_secret_is_stored_sealed_and_bound_to_its_endpoint(tenant, admi
     WebhookEndpoint.objects.filter(pk=other.pk).update(
         secret_nonce=stored.secret_nonce, secret_ciphertext=stored.secret_ciphertext
     )
-    from approvals.crypto import CryptoError
+    from approvals.core.crypto import CryptoError
 
     with pytest.raises(CryptoError):
         services.endpoint_secret(WebhookEndpoint.objects.get(pk=other.pk))

@@ -6,7 +6,8 @@ import sys
 
 from django.core.management.base import BaseCommand
 
-from approvals import crypto, services
+from approvals import services
+from approvals.core import crypto
 from notifications import services as notifications
 
 

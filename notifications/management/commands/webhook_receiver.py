@@ -23,7 +23,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from django.core.management.base import BaseCommand
 from django.db import close_old_connections
 
-from approvals import crypto
+from approvals.core import crypto
 from notifications import services, signing
 from notifications.models import WebhookEndpoint
 

@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from approvals.canonical import arguments_digest, canonical_arguments
+from approvals.core.canonical import arguments_digest, canonical_arguments
 
 FOLD_AT = 160
 

@@ -1,0 +1,40 @@
+"""Rows of the approval console, one module per area. Facts about one row live here; anything
+that touches several rows, writes the audit log or enqueues work is in a capability module.
+
+Django finds the models through this package, so each is re-exported here."""
+
+from __future__ import annotations
+
+from approvals.models.audit import AuditEvent
+from approvals.models.ledger import IdempotencyRecord, LedgerStatus
+from approvals.models.policies import ApprovalPolicy, ApproverGroup, ExpiryAction
+from approvals.models.runs import TERMINAL_RUN_STATUSES, Run, RunStatus
+from approvals.models.tenants import DECIDING_ROLES, Membership, Role, Tenant
+from approvals.models.tickets import (
+    CLAIM_LAPSE,
+    PreAuthorization,
+    Ticket,
+    TicketStatus,
+    TicketVote,
+)
+
+__all__ = [
+    "CLAIM_LAPSE",
+    "DECIDING_ROLES",
+    "TERMINAL_RUN_STATUSES",
+    "ApprovalPolicy",
+    "ApproverGroup",
+    "AuditEvent",
+    "ExpiryAction",
+    "IdempotencyRecord",
+    "LedgerStatus",
+    "Membership",
+    "PreAuthorization",
+    "Role",
+    "Run",
+    "RunStatus",
+    "Tenant",
+    "Ticket",
+    "TicketStatus",
+    "TicketVote",
+]

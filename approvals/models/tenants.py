@@ -1,0 +1,53 @@
+"""Tenants, their members and roles: who may see and do what in a tenant."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+
+
+class Tenant(models.Model):
+    slug = models.SlugField(max_length=64, unique=True)
+    name = models.CharField(max_length=200)
+    # Head of the tenant's audit hash chain; written under this row's lock with each event.
+    audit_seq = models.BigIntegerField(default=0)
+    audit_head = models.CharField(max_length=64, default="")
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["slug"]
+
+    def __str__(self) -> str:
+        return self.slug
+
+
+class Role(models.TextChoices):
+    VIEWER = "viewer", "Viewer"
+    APPROVER = "approver", "Approver"
+    AUDITOR = "auditor", "Auditor"
+    ADMIN = "admin", "Admin"
+
+
+DECIDING_ROLES = frozenset({Role.APPROVER, Role.ADMIN})
+
+
+class Membership(models.Model):
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships"
+    )
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="memberships")
+    role = models.CharField(max_length=16, choices=Role.choices)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["user", "tenant"], name="membership_user_tenant_unique")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user} @ {self.tenant} ({self.role})"
+
+    @property
+    def can_decide(self) -> bool:
+        return self.role in DECIDING_ROLES

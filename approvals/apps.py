@@ -9,7 +9,13 @@ class ApprovalsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from approvals import signals  # noqa: F401
+        # Imported here, not at the top: models load after this module (Django's app loading).
+        from approvals.audit import sign_ins  # noqa: F401  (connects the sign-in receivers)
+        from approvals.execution import queue
+        from approvals.runs import resume
+
+        # The queue's task runs the resume, which imports the queue: handed over, not imported.
+        queue.serve(resume.resume_by_id)
 
         if not settings.OPENAI_API_KEY:
             from agents import set_tracing_disabled

@@ -23,12 +23,15 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from approvals import audit, services
+from approvals.audit import chain as audit
 from approvals.core.canonical import arguments_digest, canonical_arguments
+from approvals.execution.queue import WAKE_CHANNEL
+from approvals.execution.state import STATE_PURPOSE, open_state, seal_state, serialize_state
 from approvals.models import AuditEvent, Run, RunStatus, Tenant, Ticket, TicketStatus
 
 # Processes and start_web are used by the bench command through this module.
 from approvals.processes import Proc, Processes, child_env, start_web  # noqa: F401
+from approvals.runs.pause import pause_run
 
 TEMPLATE_RELEASE = "2026.01.01-t0000"
 PASSWORD = "bench-pass-2026"
@@ -122,16 +125,16 @@ def make_template(tenant: Tenant, requester) -> tuple[Run, str]:
     """One real paused run of the release agent; its state JSON text, decrypted."""
     from agents import Runner
 
-    from approvals import registry
+    from approvals.execution import registry
 
     agent = registry.get_spec("release", "1").build()
     result = asyncio.run(
         Runner.run(agent, f"Deploy release {TEMPLATE_RELEASE} to production", context={})
     )
-    run = services.pause_run(
+    run = pause_run(
         result, tenant=tenant, agent_key="release", agent_version="1", requested_by=requester
     )
-    return run, json.dumps(services.open_state(run), ensure_ascii=False)
+    return run, json.dumps(open_state(run), ensure_ascii=False)
 
 
 def _refingerprint(state: dict) -> None:
@@ -197,7 +200,7 @@ def clone_runs(
             tickets = []
             for run, release in zip(runs, batch, strict=True):
                 state, payload = clone_state(template_text, release)
-                services._seal_state(run, payload, generation=1)
+                seal_state(run, payload, generation=1)
                 raw = json.dumps({"release": release, "environment": "production"})
                 tickets.append(
                     Ticket(
@@ -228,7 +231,7 @@ def clone_runs(
 
 def approve_in_bulk(clones: list[Clone], approver, *, enqueue: bool = True) -> None:
     """What decide() leaves behind for many runs at once: approved tickets, queued runs, tasks."""
-    from approvals.tasks import resume_run_task
+    from approvals.execution.queue import resume_run_task
 
     now = timezone.now()
     with transaction.atomic():
@@ -242,7 +245,7 @@ def approve_in_bulk(clones: list[Clone], approver, *, enqueue: bool = True) -> N
             for clone in clones:
                 resume_run_task.enqueue(clone.run_id)
             with connection.cursor() as cursor:
-                cursor.execute(f"NOTIFY {services.WAKE_CHANNEL}")
+                cursor.execute(f"NOTIFY {WAKE_CHANNEL}")
 
 
 def finished_count(run_ids: list[int]) -> int:
@@ -419,7 +422,7 @@ def measure_pause(tenant: Tenant, requester, turns: int, repeats: int) -> dict[s
         )
         bare.append(time.perf_counter() - started)
         started = time.perf_counter()
-        run = services.pause_run(
+        run = pause_run(
             result, tenant=tenant, agent_key="release", agent_version="1", requested_by=requester
         )
         paused.append(time.perf_counter() - started)
@@ -429,14 +432,14 @@ def measure_pause(tenant: Tenant, requester, turns: int, repeats: int) -> dict[s
     serialise = []
     for _ in range(repeats):
         started = time.perf_counter()
-        _, payload = services.serialize_state(
+        _, payload = serialize_state(
             result.to_state(),
             context=result.context_wrapper.context,
             context_serializer=demo.release_context_serializer,
         )
         from approvals.core import crypto
 
-        crypto.seal(payload, purpose=services.STATE_PURPOSE, tenant=1, run=1, generation=1)
+        crypto.seal(payload, purpose=STATE_PURPOSE, tenant=1, run=1, generation=1)
         serialise.append(time.perf_counter() - started)
     return {
         "turns": turns,

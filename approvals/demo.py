@@ -21,7 +21,8 @@ from agents.testing import ModelStep, ScriptedModel, assistant_message, function
 from agents.tool_context import ToolContext
 from django.conf import settings
 
-from approvals import ledger, preauth
+from approvals.decisions import edit
+from approvals.execution import ledger
 
 # Counted per process, for tests that assert how often the model was asked.
 MODEL_CALLS = {"release": 0, "invoice": 0}
@@ -136,7 +137,7 @@ def _latest_call(call_id: str, tool: str, outputs: dict[str, str]) -> tuple[str,
     """
     arguments = None
     while call_id in outputs:
-        correction = preauth.parse_correction(outputs[call_id])
+        correction = edit.parse_correction(outputs[call_id])
         if correction is None or correction.tool != tool:
             break
         call_id, arguments = f"{call_id}_edited", correction.arguments

@@ -7,11 +7,14 @@ transaction, so a rolled-back change tells no one.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
+from typing import Any
 
-from axes.signals import user_locked_out
-from django.contrib.auth.signals import user_login_failed
-from django.dispatch import Signal, receiver
+from django.db import transaction
+from django.dispatch import Signal
+
+logger = logging.getLogger(__name__)
 
 # event=<AuditEvent>: the transaction that appended the event has committed.
 audit_event_committed = Signal()
@@ -37,16 +40,15 @@ class Rotation:
     failed: int
 
 
-# TODO(restructure): the sign-in receivers move to the audit package.
-@receiver(user_login_failed, dispatch_uid="approvals.sign_in_failed")
-def _sign_in_failed(sender, credentials, request=None, **kwargs) -> None:
-    from approvals import services
+def send_on_commit(signal: Signal, *, sender: Any = None, **kwargs: Any) -> None:
+    """Send the signal once the caller's transaction commits (at once outside one).
 
-    services.record_sign_in_failure(username=str(credentials.get("username", "")), locked_out=False)
+    A failing receiver is logged, never raised into the code whose transaction committed.
+    """
 
+    def send() -> None:
+        for receiver, result in signal.send_robust(sender=sender, **kwargs):
+            if isinstance(result, Exception):
+                logger.error("receiver %r failed (%s)", receiver, kwargs, exc_info=result)
 
-@receiver(user_locked_out, dispatch_uid="approvals.locked_out")
-def _locked_out(sender, request=None, username=None, ip_address=None, **kwargs) -> None:
-    from approvals import services
-
-    services.record_sign_in_failure(username=str(username or ""), locked_out=True)
+    transaction.on_commit(send)

@@ -39,9 +39,10 @@ from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils import timezone
 
-from approvals import audit, live
+from approvals.audit import chain as audit
 from approvals.core import crypto
 from approvals.core.redaction import redact
+from approvals.live import hints as live
 from approvals.models import DECIDING_ROLES, ApproverGroup, AuditEvent, Membership, Run, Tenant
 from notifications import signing
 from notifications.events import event_for
@@ -480,7 +481,7 @@ def recipients_for(facts: Facts, tenant_id: int) -> list[str]:
 
 
 def _wake_worker() -> None:
-    from approvals.services import WAKE_CHANNEL
+    from approvals.execution.queue import WAKE_CHANNEL
 
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from django.db import transaction
 
-from approvals import audit
+from approvals.audit import chain as audit
 from approvals.models import Tenant
 from sessions_admin.stores import Filters, SessionInfo, StoreUnavailable, get_store, list_sessions
 

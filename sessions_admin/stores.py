@@ -339,7 +339,7 @@ class ConversationsStore:
     label = "OpenAI Conversations"
 
     def _client(self):
-        from approvals.agent_sessions import openai_client
+        from approvals.execution.sessions import openai_client
 
         client = openai_client()
         if client is None and not settings.OPENAI_API_KEY:

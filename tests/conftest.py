@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
-from approvals import guard
+from approvals.audit import guard
 from approvals.processes import child_env, database_url  # noqa: F401 - tests import them here
 from notifications.management.commands.webhook_receiver import make_server
 

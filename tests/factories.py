@@ -9,8 +9,10 @@ from agents import Agent, Runner
 from agents.testing import ScriptedModel, assistant_message, function_call
 from django.contrib.auth import get_user_model
 
-from approvals import demo, registry, services
+from approvals import demo
+from approvals.execution import registry
 from approvals.models import Membership, Role, Run, Tenant
+from approvals.runs.pause import pause_run
 
 PASSWORD = "test-pass-123"
 
@@ -58,7 +60,7 @@ def paused_run(
     session=None,
 ) -> Run:
     result = run_agent(agent_key, prompt, context=context, session=session)
-    return services.pause_run(
+    return pause_run(
         result,
         tenant=tenant,
         agent_key=agent_key,

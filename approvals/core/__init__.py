@@ -1,0 +1,1 @@
+"""Core helpers every capability uses: canonical JSON, crypto, redaction, pagination, errors."""

@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from approvals.core.canonical import arguments_digest, canonical_arguments
+from approvals.core.canonical import canonical_arguments
 
 FOLD_AT = 160
 
@@ -154,25 +154,6 @@ def entries_from_items(items: list) -> list[Entry]:
     return entries
 
 
-def stored_call_arguments(state_json: dict, call_id: str) -> str | None:
-    """The raw argument string of the pending call with this id, as the worker will run it."""
-    for item in state_json.get("generated_items") or []:
-        if item.get("type") == "tool_approval_item":
-            raw = item.get("raw_item") or {}
-            if raw.get("call_id") == call_id:
-                return raw.get("arguments")
-    return None
-
-
-@dataclass(frozen=True)
-class DigestCheck:
-    ok: bool
-    digest: str
-    stored_digest: str = ""
-    problem: str = ""
-    differences: list[Change] = field(default_factory=list)
-
-
 @dataclass(frozen=True)
 class Change:
     path: str
@@ -207,29 +188,3 @@ def diff(before: Any, after: Any) -> list[Change]:
         elif old[path] != new[path]:
             changes.append(Change(path, "changed", old[path], new[path]))
     return changes
-
-
-def check_digest(ticket, state_json: dict | None, problem: str = "") -> DigestCheck:
-    """Recompute the ticket's digest from the stored state, as the worker will."""
-    if state_json is None:
-        return DigestCheck(
-            False, "", ticket.arguments_digest, problem or "the stored state cannot be read"
-        )
-    raw = stored_call_arguments(state_json, ticket.tool_call_id)
-    if raw is None:
-        return DigestCheck(
-            False,
-            "",
-            ticket.arguments_digest,
-            "the stored state has no pending call for this ticket",
-        )
-    digest = arguments_digest(raw)
-    if digest == ticket.arguments_digest:
-        return DigestCheck(True, digest, ticket.arguments_digest)
-    return DigestCheck(
-        False,
-        digest,
-        ticket.arguments_digest,
-        "the arguments in the stored state differ from those recorded on the ticket",
-        diff(json.loads(ticket.arguments_json), json.loads(canonical_arguments(raw))),
-    )

@@ -4,13 +4,13 @@ from django.db import migrations
 
 
 def install(apps, schema_editor):
-    from approvals import guard
+    from approvals.audit import guard
 
     guard.install(schema_editor.connection)
 
 
 def remove(apps, schema_editor):
-    from approvals import guard
+    from approvals.audit import guard
 
     guard.remove(schema_editor.connection)
 

@@ -9,7 +9,14 @@ from approvals.models.audit import AuditEvent
 from approvals.models.ledger import IdempotencyRecord, LedgerStatus
 from approvals.models.policies import ApprovalPolicy, ApproverGroup, ExpiryAction
 from approvals.models.runs import TERMINAL_RUN_STATUSES, Run, RunStatus
-from approvals.models.tenants import DECIDING_ROLES, Membership, Role, Tenant
+from approvals.models.tenants import (
+    COMMENTING_ROLES,
+    DECIDING_ROLES,
+    HISTORY_ROLES,
+    Membership,
+    Role,
+    Tenant,
+)
 from approvals.models.tickets import (
     CLAIM_LAPSE,
     PreAuthorization,
@@ -20,7 +27,9 @@ from approvals.models.tickets import (
 
 __all__ = [
     "CLAIM_LAPSE",
+    "COMMENTING_ROLES",
     "DECIDING_ROLES",
+    "HISTORY_ROLES",
     "TERMINAL_RUN_STATUSES",
     "ApprovalPolicy",
     "ApproverGroup",

@@ -29,7 +29,11 @@ class Role(models.TextChoices):
     ADMIN = "admin", "Admin"
 
 
+# The role sets, each defined once: who decides tickets, reads the audit history, and writes in
+# a ticket's discussion (viewers read it).
 DECIDING_ROLES = frozenset({Role.APPROVER, Role.ADMIN})
+HISTORY_ROLES = frozenset({Role.AUDITOR, Role.ADMIN})
+COMMENTING_ROLES = frozenset({Role.APPROVER, Role.AUDITOR, Role.ADMIN})
 
 
 class Membership(models.Model):
@@ -51,3 +55,15 @@ class Membership(models.Model):
     @property
     def can_decide(self) -> bool:
         return self.role in DECIDING_ROLES
+
+    @property
+    def can_read_history(self) -> bool:
+        return self.role in HISTORY_ROLES
+
+    @property
+    def can_comment(self) -> bool:
+        return self.role in COMMENTING_ROLES
+
+    @property
+    def is_admin(self) -> bool:
+        return self.role == Role.ADMIN

@@ -10,7 +10,8 @@ from django.core.management import CommandError, call_command
 from django.db import connection, transaction
 from django.db.utils import IntegrityError, ProgrammingError
 
-from approvals import audit, guard
+from approvals.audit import chain as audit
+from approvals.audit import guard
 from approvals.models import AuditEvent, Tenant
 from tests.factories import TenantFactory
 

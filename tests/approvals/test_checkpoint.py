@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from approvals import demo, services
+from approvals import demo
+from approvals.decisions.decide import decide
+from approvals.execution.state import open_state
 from approvals.models import Run, RunStatus, Ticket, TicketStatus
+from approvals.runs.reaper import reap
+from approvals.runs.resume import resume
 from tests.conftest import subprocess_env
 from tests.factories import TenantFactory, member, paused_run
 
@@ -20,7 +24,7 @@ def test_kill_while_storing_a_new_pause_keeps_the_previous_checkpoint(manage_pro
     first = Ticket.objects.get(run=run)
     assert first.tool_call_id == "call_deploy_2026.07.24_staging"
     # Approved once, not "always": production must pause the run a second time.
-    services.decide(first, user=approver, approve=True)
+    decide(first, user=approver, approve=True)
 
     worker = manage_process(
         "db_worker",
@@ -35,15 +39,15 @@ def test_kill_while_storing_a_new_pause_keeps_the_previous_checkpoint(manage_pro
     assert run.status == RunStatus.RESUMING
     assert run.state_generation == 1
     # The old checkpoint still opens and still holds the staging call.
-    assert services.open_state(run)["$schemaVersion"] == run.schema_version
+    assert open_state(run)["$schemaVersion"] == run.schema_version
     assert Ticket.objects.filter(run=run).count() == 1
     assert len(demo.read_effects("deploy_release")) == 1
 
     Run.objects.filter(pk=run.pk).update(lease_expires_at=run.lease_expires_at.replace(year=2000))
-    report = services.reap()
+    report = reap()
     assert report.requeued == [run.pk]
 
-    outcome = services.resume(run_id=run.pk, worker_id="second-worker")
+    outcome = resume(run_id=run.pk, worker_id="second-worker")
 
     assert outcome.status == RunStatus.PAUSED
     run.refresh_from_db()

@@ -145,7 +145,7 @@ def test_decide_approve_prints_a_line_and_queues_the_run(pending):
     assert Run.objects.get(pk=pending.run_id).status == RunStatus.QUEUED
     task = DBTaskResult.objects.get()
     assert (task.task_path, task.args_kwargs) == (
-        "approvals.tasks.resume_run_task",
+        "approvals.execution.queue.resume_run_task",
         {"args": [pending.run_id], "kwargs": {}},
     )
 
@@ -194,8 +194,40 @@ def test_decide_self_approval_is_a_command_error(pending):
     with pytest.raises(CommandError) as excinfo:
         call_command("decide", str(pending.pk), "--approve", "--user", "ann", stdout=StringIO())
 
-    assert str(excinfo.value) == "you requested this call, so someone else must approve it"
+    assert str(excinfo.value) == "You requested this call, so someone else must approve it."
     assert Ticket.objects.get(pk=pending.pk).status == TicketStatus.PENDING
+
+
+DIGEST_REFUSAL = (
+    "Not approved: the arguments in the stored state differ from those recorded on the ticket."
+)
+
+
+def test_decide_refuses_a_ticket_whose_digest_does_not_verify(pending, client):
+    """The digest gate is the service's: the command refuses as the page does, word for word."""
+    member(pending.tenant, "approver", username="bob")
+    Ticket.objects.filter(pk=pending.pk).update(arguments_digest="f" * 64)
+
+    with pytest.raises(CommandError) as excinfo:
+        call_command("decide", str(pending.pk), "--approve", "--user", "bob", stdout=StringIO())
+
+    assert str(excinfo.value) == DIGEST_REFUSAL
+    assert Ticket.objects.get(pk=pending.pk).status == TicketStatus.PENDING
+    assert not DBTaskResult.objects.exists()
+    client.force_login(get_user_model().objects.get(username="bob"))
+    page = client.post(f"/tickets/{pending.pk}/decide/", {"decision": "approve"})
+    assert page.status_code == 409
+    assert DIGEST_REFUSAL in page.content.decode()
+
+
+def test_decide_rejects_a_ticket_whose_digest_does_not_verify(pending):
+    """Rejecting runs nothing, so it needs no verified call."""
+    member(pending.tenant, "approver", username="bob")
+    Ticket.objects.filter(pk=pending.pk).update(arguments_digest="f" * 64)
+
+    call_command("decide", str(pending.pk), "--reject", "--user", "bob", stdout=StringIO())
+
+    assert Ticket.objects.get(pk=pending.pk).status == TicketStatus.REJECTED
 
 
 def test_decide_viewer_role_is_a_command_error(pending):
@@ -204,7 +236,7 @@ def test_decide_viewer_role_is_a_command_error(pending):
     with pytest.raises(CommandError) as excinfo:
         call_command("decide", str(pending.pk), "--approve", "--user", "vic", stdout=StringIO())
 
-    assert str(excinfo.value) == "the viewer role cannot decide tickets"
+    assert str(excinfo.value) == "The viewer role cannot decide tickets."
     assert Ticket.objects.get(pk=pending.pk).status == TicketStatus.PENDING
 
 

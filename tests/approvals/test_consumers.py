@@ -10,8 +10,10 @@ from channels.testing import WebsocketCommunicator
 from django.conf import settings as django_settings
 from django.test import Client
 
-from approvals import consumers, live, services, team
-from approvals.consumers import ConsoleConsumer
+from approvals.decisions import claims
+from approvals.decisions.decide import decide
+from approvals.live import tail
+from approvals.live.consumers import ConsoleConsumer
 from approvals.models import Role, Ticket
 from config.asgi import application
 from tests.factories import TenantFactory, member, paused_run
@@ -24,7 +26,7 @@ ORIGIN = (b"origin", b"http://testserver")
 def _fresh_tail(settings, monkeypatch):
     """A quick poll, and a tail of this test's own: a task left by another loop never delivers."""
     settings.APPROVALS_LIVE_POLL_SECONDS = 0.05
-    monkeypatch.setattr(consumers, "audit_tail", live.AuditTail())
+    monkeypatch.setattr(tail, "audit_tail", tail.AuditTail())
 
 
 def session_cookie(user) -> tuple[bytes, bytes]:
@@ -43,7 +45,7 @@ def pending_ticket(tenant) -> Ticket:
 
 
 def approve(ticket: Ticket, approver) -> None:
-    services.decide(ticket, user=approver, approve=True)
+    decide(ticket, user=approver, approve=True)
 
 
 @pytest.mark.django_db(transaction=True)
@@ -181,7 +183,7 @@ def test_consumer_hints_a_member_about_a_claim_on_its_tenants_ticket():
         connected, _ = await communicator.connect()
         assert connected
         try:
-            await database_sync_to_async(lambda: team.claim(ticket, user=alice))()
+            await database_sync_to_async(lambda: claims.claim(ticket, user=alice))()
             return await communicator.receive_from(timeout=5)
         finally:
             await communicator.disconnect()

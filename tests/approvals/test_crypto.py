@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from approvals import services
 from approvals.core import crypto
+from approvals.execution.state import open_state, rotate_keys
 from approvals.models import AuditEvent, Run
 from tests.factories import TenantFactory, paused_run
 
@@ -154,7 +154,7 @@ def test_open_sealed_after_rotation_opens_a_blob_of_the_old_key(ring):
 def test_pause_run_state_ciphertext_does_not_contain_the_prompt(ring):
     run = paused_run(TenantFactory(), prompt="Deploy release 2026.07.24 to production")
 
-    state = services.open_state(run)
+    state = open_state(run)
 
     assert state["original_input"] == "Deploy release 2026.07.24 to production"
     assert b"2026.07.24" not in bytes(run.state_ciphertext)
@@ -165,7 +165,7 @@ def test_pause_run_state_ciphertext_does_not_contain_the_prompt(ring):
 def test_pause_run_state_is_compressed_below_its_json_size(ring):
     run = paused_run(TenantFactory())
 
-    plaintext = json.dumps(services.open_state(run), ensure_ascii=False).encode()
+    plaintext = json.dumps(open_state(run), ensure_ascii=False).encode()
 
     assert len(bytes(run.state_ciphertext)) < len(plaintext)
 
@@ -180,23 +180,23 @@ def test_open_state_swapped_between_runs_is_tampered(ring):
     second.state_ciphertext = first.state_ciphertext
 
     with pytest.raises(crypto.TamperedError):
-        services.open_state(second)
+        open_state(second)
 
 
 @pytest.mark.django_db
 def test_rotate_keys_reencrypts_a_paused_run_under_the_new_primary(ring):
     run = paused_run(TenantFactory())
-    before = services.open_state(run)
+    before = open_state(run)
     assert run.state_key_id == "k1"
     ring(("k2", K2), ("k1", K1))
 
-    counts = services.rotate_keys()
+    counts = rotate_keys()
 
     assert counts == {"rotated": 1, "already_current": 0, "failed": 0}
     run.refresh_from_db()
     assert run.state_key_id == "k2"
     ring(("k2", K2))
-    assert services.open_state(run) == before
+    assert open_state(run) == before
 
 
 @pytest.mark.django_db
@@ -204,17 +204,17 @@ def test_rotate_keys_run_not_rotated_fails_once_the_old_key_is_removed(ring):
     tenant = TenantFactory()
     rotated = paused_run(tenant)
     ring(("k2", K2), ("k1", K1))
-    services.rotate_keys()
+    rotate_keys()
     # A run paused by a process that still had only k1, after the rotation ran.
     ring(("k1", K1))
     late = paused_run(tenant, prompt="Deploy release 2026.07.25 to staging")
     ring(("k2", K2))
 
-    assert services.open_state(Run.objects.get(pk=rotated.pk))["original_input"] == (
+    assert open_state(Run.objects.get(pk=rotated.pk))["original_input"] == (
         "Deploy release 2026.07.24 to production"
     )
     with pytest.raises(crypto.UnknownKeyError):
-        services.open_state(Run.objects.get(pk=late.pk))
+        open_state(Run.objects.get(pk=late.pk))
 
 
 @pytest.mark.django_db
@@ -223,9 +223,9 @@ def test_rotate_keys_repeated_counts_runs_as_already_current(ring):
     paused_run(tenant)
     paused_run(tenant, prompt="Deploy release 2026.07.25 to staging")
     ring(("k2", K2), ("k1", K1))
-    services.rotate_keys()
+    rotate_keys()
 
-    counts = services.rotate_keys()
+    counts = rotate_keys()
 
     assert counts == {"rotated": 0, "already_current": 2, "failed": 0}
 
@@ -236,7 +236,7 @@ def test_rotate_keys_unopenable_run_is_counted_failed_and_left_alone(ring):
     ciphertext = bytes(run.state_ciphertext)
     ring(("k2", K2))
 
-    counts = services.rotate_keys()
+    counts = rotate_keys()
 
     assert counts == {"rotated": 0, "already_current": 0, "failed": 1}
     run.refresh_from_db()
@@ -251,7 +251,7 @@ def test_rotate_keys_writes_one_audit_event_per_tenant(ring):
     paused_run(TenantFactory(slug="globex"))
     ring(("k2", K2), ("k1", K1))
 
-    services.rotate_keys()
+    rotate_keys()
 
     events = AuditEvent.objects.filter(action="keys.rotated").order_by("tenant__slug")
     assert [(e.tenant.slug, e.detail) for e in events] == [

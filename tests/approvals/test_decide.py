@@ -8,8 +8,17 @@ import pytest
 from django.utils import timezone
 from django_tasks_db.models import DBTaskResult
 
-from approvals import services
+from approvals.decisions.decide import decide
+from approvals.decisions.errors import (
+    AlreadyDecidedError,
+    InvalidDecisionError,
+    NotAllowedError,
+    SelfApprovalError,
+    TicketExpiredError,
+    TicketNotFoundError,
+)
 from approvals.models import AuditEvent, Membership, Role, Run, RunStatus, Ticket, TicketStatus
+from approvals.runs.pause import pause_run
 from tests.factories import (
     TenantFactory,
     UserFactory,
@@ -28,14 +37,14 @@ def _fast_passwords(settings):
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
-TASK_PATH = "approvals.tasks.resume_run_task"
+TASK_PATH = "approvals.execution.queue.resume_run_task"
 PROMPT = "Deploy release 2026.07.24 to staging and production"
 
 
 def two_ticket_run(tenant, requester) -> tuple[Run, Ticket, Ticket]:
     result = run_agent("release", PROMPT, agent=two_call_agent())
     # The registry is consulted only for the key and version at pause time.
-    run = services.pause_run(
+    run = pause_run(
         result, tenant=tenant, agent_key="release", agent_version="1", requested_by=requester
     )
     staging, production = Ticket.objects.filter(run=run).order_by("pk")
@@ -77,7 +86,7 @@ def test_decide_approve_records_the_decision_and_queues_the_run():
     approver = member(tenant, Role.APPROVER)
     before = timezone.now()
 
-    decided = services.decide(ticket, user=approver, approve=True, message="  Ship it.  ")
+    decided = decide(ticket, user=approver, approve=True, message="  Ship it.  ")
 
     assert decided.status == TicketStatus.APPROVED
     assert decided.decided_by == approver
@@ -106,7 +115,7 @@ def test_decide_reject_records_the_message_and_queues_the_run():
     approver = member(tenant, Role.ADMIN)
     message = "Deployment was denied by the release manager."
 
-    decided = services.decide(ticket, user=approver, approve=False, message=message)
+    decided = decide(ticket, user=approver, approve=False, message=message)
 
     assert decided.status == TicketStatus.REJECTED
     assert decided.decided_by == approver
@@ -122,7 +131,7 @@ def test_decide_always_approve_is_stored_on_the_ticket():
     tenant = TenantFactory()
     ticket = one_ticket(tenant, member(tenant, Role.VIEWER))
 
-    decided = services.decide(ticket, user=member(tenant), approve=True, always=True)
+    decided = decide(ticket, user=member(tenant), approve=True, always=True)
 
     assert decided.always is True
     assert AuditEvent.objects.get(ticket_id=ticket.pk, action="ticket.approved").detail == {
@@ -136,13 +145,13 @@ def test_decide_queues_the_run_only_when_its_last_ticket_is_decided():
     run, staging, production = two_ticket_run(tenant, member(tenant, Role.VIEWER))
     approver = member(tenant)
 
-    services.decide(staging, user=approver, approve=True)
+    decide(staging, user=approver, approve=True)
 
     assert Run.objects.get(pk=run.pk).status == RunStatus.PAUSED
     assert resume_tasks(run) == []
     assert list(AuditEvent.objects.filter(action="run.queued")) == []
 
-    services.decide(production, user=approver, approve=False, message="Not on a Friday.")
+    decide(production, user=approver, approve=False, message="Not on a Friday.")
 
     assert Run.objects.get(pk=run.pk).status == RunStatus.QUEUED
     assert len(resume_tasks(run)) == 1
@@ -155,9 +164,9 @@ def test_decide_on_a_run_that_is_not_paused_enqueues_nothing():
     approver = member(tenant)
     # A run parked by the worker keeps its status even if someone decides the last ticket.
     Run.objects.filter(pk=run.pk).update(status=RunStatus.NEEDS_ATTENTION)
-    services.decide(staging, user=approver, approve=True)
+    decide(staging, user=approver, approve=True)
 
-    services.decide(production, user=approver, approve=True)
+    decide(production, user=approver, approve=True)
 
     assert Run.objects.get(pk=run.pk).status == RunStatus.NEEDS_ATTENTION
     assert resume_tasks(run) == []
@@ -171,11 +180,11 @@ def test_decide_already_decided_names_the_winner_and_time():
     ticket = one_ticket(tenant, member(tenant, Role.VIEWER))
     winner = member(tenant, username="alice")
     loser = member(tenant, username="bob")
-    won = services.decide(ticket, user=winner, approve=True)
+    won = decide(ticket, user=winner, approve=True)
     unchanged = Unchanged(ticket)
 
-    with pytest.raises(services.AlreadyDecidedError) as raised:
-        services.decide(ticket, user=loser, approve=False, message="no")
+    with pytest.raises(AlreadyDecidedError) as raised:
+        decide(ticket, user=loser, approve=False, message="no")
 
     assert str(raised.value) == (
         f"Already approved by alice at {won.decided_at:%Y-%m-%d %H:%M:%S} UTC."
@@ -191,8 +200,8 @@ def test_decide_expired_ticket_is_refused():
     Ticket.objects.filter(pk=ticket.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
     unchanged = Unchanged(ticket)
 
-    with pytest.raises(services.TicketExpiredError, match="this ticket expired at"):
-        services.decide(ticket, user=member(tenant), approve=True)
+    with pytest.raises(TicketExpiredError, match="this ticket expired at"):
+        decide(ticket, user=member(tenant), approve=True)
 
     unchanged.check()
 
@@ -203,8 +212,8 @@ def test_decide_superseded_ticket_is_refused():
     Ticket.objects.filter(pk=ticket.pk).update(status=TicketStatus.SUPERSEDED)
     unchanged = Unchanged(ticket)
 
-    with pytest.raises(services.TicketExpiredError, match="withdrawn because its run ended"):
-        services.decide(ticket, user=member(tenant), approve=True)
+    with pytest.raises(TicketExpiredError, match="withdrawn because its run ended"):
+        decide(ticket, user=member(tenant), approve=True)
 
     unchanged.check(TicketStatus.SUPERSEDED)
 
@@ -215,8 +224,8 @@ def test_decide_self_approval_is_refused():
     ticket = one_ticket(tenant, requester)
     unchanged = Unchanged(ticket)
 
-    with pytest.raises(services.SelfApprovalError):
-        services.decide(ticket, user=requester, approve=True)
+    with pytest.raises(SelfApprovalError):
+        decide(ticket, user=requester, approve=True)
 
     unchanged.check()
 
@@ -226,7 +235,7 @@ def test_decide_requester_may_reject_own_ticket():
     requester = member(tenant, Role.APPROVER)
     ticket = one_ticket(tenant, requester)
 
-    decided = services.decide(ticket, user=requester, approve=False, message="Wrong release.")
+    decided = decide(ticket, user=requester, approve=False, message="Wrong release.")
 
     assert decided.status == TicketStatus.REJECTED
     assert decided.decided_by == requester
@@ -240,8 +249,8 @@ def test_decide_by_non_deciding_role_is_refused(role, approve):
     ticket = one_ticket(tenant, member(tenant, Role.VIEWER))
     unchanged = Unchanged(ticket)
 
-    with pytest.raises(services.NotAllowedError, match=f"the {role} role cannot decide"):
-        services.decide(ticket, user=member(tenant, role), approve=approve)
+    with pytest.raises(NotAllowedError, match=f"the {role} role cannot decide"):
+        decide(ticket, user=member(tenant, role), approve=approve)
 
     unchanged.check()
 
@@ -252,8 +261,8 @@ def test_decide_by_user_of_another_tenant_is_not_found():
     outsider = member(TenantFactory(), Role.ADMIN)
     unchanged = Unchanged(ticket)
 
-    with pytest.raises(services.TicketNotFoundError):
-        services.decide(ticket, user=outsider, approve=True)
+    with pytest.raises(TicketNotFoundError):
+        decide(ticket, user=outsider, approve=True)
 
     unchanged.check()
 
@@ -267,8 +276,8 @@ def test_decide_by_user_without_membership_or_inactive_is_not_found():
     unchanged = Unchanged(ticket)
 
     for user in (UserFactory(), inactive):
-        with pytest.raises(services.TicketNotFoundError):
-            services.decide(ticket, user=user, approve=True)
+        with pytest.raises(TicketNotFoundError):
+            decide(ticket, user=user, approve=True)
 
     unchanged.check()
     assert Membership.objects.filter(user=inactive, tenant=tenant).count() == 1
@@ -279,8 +288,8 @@ def test_decide_message_over_2000_chars_is_refused():
     ticket = one_ticket(tenant, member(tenant, Role.VIEWER))
     unchanged = Unchanged(ticket)
 
-    with pytest.raises(services.InvalidDecisionError, match="the message is 2001 characters"):
-        services.decide(ticket, user=member(tenant), approve=False, message="x" * 2001)
+    with pytest.raises(InvalidDecisionError, match="the message is 2001 characters"):
+        decide(ticket, user=member(tenant), approve=False, message="x" * 2001)
 
     unchanged.check()
 
@@ -289,7 +298,7 @@ def test_decide_message_of_exactly_2000_chars_is_accepted():
     tenant = TenantFactory()
     ticket = one_ticket(tenant, member(tenant, Role.VIEWER))
 
-    decided = services.decide(ticket, user=member(tenant), approve=False, message="x" * 2000)
+    decided = decide(ticket, user=member(tenant), approve=False, message="x" * 2000)
 
     assert decided.decision_message == "x" * 2000
 
@@ -299,7 +308,7 @@ def test_decide_always_with_reject_is_refused():
     ticket = one_ticket(tenant, member(tenant, Role.VIEWER))
     unchanged = Unchanged(ticket)
 
-    with pytest.raises(services.InvalidDecisionError, match="'always' goes with an approval"):
-        services.decide(ticket, user=member(tenant), approve=False, always=True)
+    with pytest.raises(InvalidDecisionError, match="'always' goes with an approval"):
+        decide(ticket, user=member(tenant), approve=False, always=True)
 
     unchanged.check()

@@ -15,8 +15,20 @@ from django.utils import timezone
 from django.utils.html import escape
 from django_tasks_db.models import DBTaskResult
 
-from approvals import demo, preauth, services
+from approvals import demo
 from approvals.core.canonical import arguments_digest
+from approvals.decisions import edit, preauth
+from approvals.decisions.decide import decide
+from approvals.decisions.edit import edit_and_approve
+from approvals.decisions.errors import (
+    AlreadyDecidedError,
+    AlreadyVotedError,
+    InvalidArgumentsError,
+    InvalidDecisionError,
+    NotAllowedError,
+    SelfApprovalError,
+    TicketNotFoundError,
+)
 from approvals.models import (
     AuditEvent,
     IdempotencyRecord,
@@ -27,6 +39,9 @@ from approvals.models import (
     Ticket,
     TicketStatus,
 )
+from approvals.policies.groups import save_group
+from approvals.policies.versions import save_policy
+from approvals.runs.resume import resume
 from tests.factories import TenantFactory, member, paused_run
 
 pytestmark = pytest.mark.django_db
@@ -65,7 +80,7 @@ def actions(run: Run) -> list[str]:
 def test_edit_and_approve_rejects_the_original_with_the_corrected_arguments(setup):
     _, ticket, approver = setup
 
-    pre = services.edit_and_approve(ticket, user=approver, arguments=EDITED, message="Use .25")
+    pre = edit_and_approve(ticket, user=approver, arguments=EDITED, message="Use .25")
 
     ticket.refresh_from_db()
     assert ticket.status == TicketStatus.REJECTED
@@ -107,9 +122,9 @@ def test_edit_and_approve_rejects_the_original_with_the_corrected_arguments(setu
 @RESUMES
 def test_edit_and_approve_end_to_end_runs_the_edited_release_once(setup, model_calls):
     _, ticket, approver = setup
-    services.edit_and_approve(ticket, user=approver, arguments=EDITED)
+    edit_and_approve(ticket, user=approver, arguments=EDITED)
 
-    first = services.resume(run_id=ticket.run_id, worker_id="w1")
+    first = resume(run_id=ticket.run_id, worker_id="w1")
 
     # The model called again with exactly the edited arguments: approved at once, queued again.
     assert first.status == RunStatus.PAUSED
@@ -137,7 +152,7 @@ def test_edit_and_approve_end_to_end_runs_the_edited_release_once(setup, model_c
     assert event.detail["changes"][0]["after"] == "2026.07.25"
     assert demo.read_effects() == []
 
-    final = services.resume(run_id=run.pk, worker_id="w2")
+    final = resume(run_id=run.pk, worker_id="w2")
 
     run.refresh_from_db()
     assert final.status == RunStatus.COMPLETED
@@ -179,7 +194,7 @@ def contrary_responder(call):
     if "call_first" not in outputs:
         return [function_call("deploy_release", ORIGINAL, call_id="call_first")]
     if "call_second" not in outputs:
-        correction = preauth.parse_correction(outputs["call_first"])
+        correction = edit.parse_correction(outputs["call_first"])
         arguments = {**correction.arguments, "environment": "staging"}
         return [function_call("deploy_release", arguments, call_id="call_second")]
     return [assistant_message(outputs["call_second"])]
@@ -203,9 +218,9 @@ def test_edit_and_approve_other_arguments_make_a_normal_pending_ticket(settings)
     approver = member(tenant, Role.APPROVER, username="approver")
     run = paused_run(tenant, agent_key="contrary", requested_by=member(tenant, Role.VIEWER))
     ticket = Ticket.objects.get(run=run)
-    services.edit_and_approve(ticket, user=approver, arguments=EDITED)
+    edit_and_approve(ticket, user=approver, arguments=EDITED)
 
-    outcome = services.resume(run_id=run.pk, worker_id="w1")
+    outcome = resume(run_id=run.pk, worker_id="w1")
 
     run.refresh_from_db()
     assert (outcome.status, run.status) == (RunStatus.PAUSED, RunStatus.PAUSED)
@@ -220,8 +235,8 @@ def test_edit_and_approve_other_arguments_make_a_normal_pending_ticket(settings)
 @RESUMES
 def test_a_preauthorisation_is_used_at_most_once(setup):
     _, ticket, approver = setup
-    pre = services.edit_and_approve(ticket, user=approver, arguments=EDITED)
-    services.resume(run_id=ticket.run_id, worker_id="w1")
+    pre = edit_and_approve(ticket, user=approver, arguments=EDITED)
+    resume(run_id=ticket.run_id, worker_id="w1")
     used = Ticket.objects.get(run_id=ticket.run_id, generation=2)
     assert PreAuthorization.objects.get(pk=pre.pk).used_by == used
 
@@ -250,10 +265,10 @@ def test_a_preauthorisation_is_used_at_most_once(setup):
 @RESUMES
 def test_a_preauthorisation_is_not_used_after_it_expires(setup):
     _, ticket, approver = setup
-    pre = services.edit_and_approve(ticket, user=approver, arguments=EDITED)
+    pre = edit_and_approve(ticket, user=approver, arguments=EDITED)
     PreAuthorization.objects.filter(pk=pre.pk).update(expires_at=pre.created_at)
 
-    services.resume(run_id=ticket.run_id, worker_id="w1")
+    resume(run_id=ticket.run_id, worker_id="w1")
 
     new = Ticket.objects.get(run_id=ticket.run_id, generation=2)
     assert new.status == TicketStatus.PENDING
@@ -263,10 +278,10 @@ def test_a_preauthorisation_is_not_used_after_it_expires(setup):
 @RESUMES
 def test_a_preauthorisation_of_a_former_approver_is_not_used(setup):
     tenant, ticket, approver = setup
-    services.edit_and_approve(ticket, user=approver, arguments=EDITED)
+    edit_and_approve(ticket, user=approver, arguments=EDITED)
     approver.memberships.filter(tenant=tenant).update(role=Role.VIEWER)
 
-    services.resume(run_id=ticket.run_id, worker_id="w1")
+    resume(run_id=ticket.run_id, worker_id="w1")
 
     new = Ticket.objects.get(run_id=ticket.run_id, generation=2)
     assert new.status == TicketStatus.PENDING
@@ -277,8 +292,8 @@ def test_edit_and_approve_by_the_requester_is_refused(setup):
     requester = member(tenant, Role.APPROVER, username="approving-requester")
     ticket = Ticket.objects.get(run=paused_run(tenant, requested_by=requester))
 
-    with pytest.raises(services.SelfApprovalError):
-        services.edit_and_approve(ticket, user=requester, arguments=EDITED)
+    with pytest.raises(SelfApprovalError):
+        edit_and_approve(ticket, user=requester, arguments=EDITED)
 
     assert Ticket.objects.get(pk=ticket.pk).status == TicketStatus.PENDING
     assert not PreAuthorization.objects.exists()
@@ -288,8 +303,8 @@ def test_edit_and_approve_by_another_tenant_is_not_found(setup):
     _, ticket, _ = setup
     stranger = member(TenantFactory(), Role.ADMIN)
 
-    with pytest.raises(services.TicketNotFoundError):
-        services.edit_and_approve(ticket, user=stranger, arguments=EDITED)
+    with pytest.raises(TicketNotFoundError):
+        edit_and_approve(ticket, user=stranger, arguments=EDITED)
 
     assert not PreAuthorization.objects.exists()
 
@@ -297,16 +312,16 @@ def test_edit_and_approve_by_another_tenant_is_not_found(setup):
 def test_edit_and_approve_by_a_viewer_is_not_allowed(setup):
     tenant, ticket, _ = setup
 
-    with pytest.raises(services.NotAllowedError):
-        services.edit_and_approve(ticket, user=member(tenant, Role.VIEWER), arguments=EDITED)
+    with pytest.raises(NotAllowedError):
+        edit_and_approve(ticket, user=member(tenant, Role.VIEWER), arguments=EDITED)
 
 
 def test_edit_and_approve_of_a_decided_ticket_is_refused(setup):
     tenant, ticket, approver = setup
-    services.decide(ticket, user=member(tenant, Role.ADMIN), approve=False)
+    decide(ticket, user=member(tenant, Role.ADMIN), approve=False)
 
-    with pytest.raises(services.AlreadyDecidedError):
-        services.edit_and_approve(ticket, user=approver, arguments=EDITED)
+    with pytest.raises(AlreadyDecidedError):
+        edit_and_approve(ticket, user=approver, arguments=EDITED)
 
     assert not PreAuthorization.objects.exists()
     assert not AuditEvent.objects.filter(action="ticket.edited").exists()
@@ -330,8 +345,8 @@ def test_edit_and_approve_of_a_decided_ticket_is_refused(setup):
 def test_edit_and_approve_refuses_arguments_outside_the_schema(setup, arguments, expected):
     _, ticket, approver = setup
 
-    with pytest.raises(services.InvalidArgumentsError) as raised:
-        services.edit_and_approve(ticket, user=approver, arguments=arguments)
+    with pytest.raises(InvalidArgumentsError) as raised:
+        edit_and_approve(ticket, user=approver, arguments=arguments)
 
     assert [(p.argument, p.message) for p in raised.value.problems] == [expected]
     assert Ticket.objects.get(pk=ticket.pk).status == TicketStatus.PENDING
@@ -341,17 +356,17 @@ def test_edit_and_approve_refuses_arguments_outside_the_schema(setup, arguments,
 def test_edit_and_approve_with_unchanged_arguments_is_refused(setup):
     _, ticket, approver = setup
 
-    with pytest.raises(services.InvalidDecisionError, match="approve the call instead"):
-        services.edit_and_approve(ticket, user=approver, arguments=dict(ORIGINAL))
+    with pytest.raises(InvalidDecisionError, match="approve the call instead"):
+        edit_and_approve(ticket, user=approver, arguments=dict(ORIGINAL))
 
 
 def test_parse_correction_reads_back_what_the_message_carries():
-    text = preauth.correction_message("deploy_release", EDITED_JSON, "a note: {not json}")
+    text = edit.correction_message("deploy_release", EDITED_JSON, "a note: {not json}")
 
-    correction = preauth.parse_correction(text)
+    correction = edit.parse_correction(text)
 
     assert (correction.tool, correction.arguments) == ("deploy_release", EDITED)
-    assert preauth.parse_correction("Deployment was denied.") is None
+    assert edit.parse_correction("Deployment was denied.") is None
 
 
 def test_changes_hide_values_of_secret_named_arguments():
@@ -563,7 +578,7 @@ def test_edit_by_another_tenant_is_404(client, setup):
 
 def test_edit_of_a_decided_ticket_is_409(client, setup):
     tenant, ticket, approver = setup
-    services.decide(ticket, user=member(tenant, Role.ADMIN, username="boss"), approve=False)
+    decide(ticket, user=member(tenant, Role.ADMIN, username="boss"), approve=False)
     client.force_login(approver)
 
     response = client.post(
@@ -571,7 +586,7 @@ def test_edit_of_a_decided_ticket_is_409(client, setup):
     )
 
     assert response.status_code == 409
-    assert "This ticket is already rejected by boss." in response.content.decode()
+    assert "Already rejected by boss at " in response.content.decode()
 
 
 @RESUMES
@@ -584,7 +599,7 @@ def test_the_diff_is_shown_wherever_the_decision_appears(client):
         edit_url(ticket),
         {"arg__release": "2026.07.25", "arg__environment": "production", "message": "Use .25"},
     )
-    services.resume(run_id=ticket.run_id, worker_id="w1")
+    resume(run_id=ticket.run_id, worker_id="w1")
     new = Ticket.objects.get(run_id=ticket.run_id, generation=2)
     diff = "<del>2026.07.24</del> → <ins>2026.07.25</ins>"
 
@@ -616,7 +631,7 @@ def test_edit_and_approve_through_the_worker_process_runs_the_edited_release(man
     approver = member(tenant, Role.APPROVER, username="rm-alice")
     run = paused_run(tenant, requested_by=member(tenant, Role.VIEWER))
     ticket = Ticket.objects.get(run=run)
-    services.edit_and_approve(ticket, user=approver, arguments=EDITED)
+    edit_and_approve(ticket, user=approver, arguments=EDITED)
 
     worker = manage_process("db_worker", "--batch", "--no-startup-delay")
     _, err = worker.communicate(timeout=120)
@@ -633,7 +648,7 @@ def test_edit_and_approve_through_the_worker_process_runs_the_edited_release(man
 
 def test_the_original_ticket_says_whether_its_pre_authorisation_was_used(client, setup):
     _, ticket, approver = setup
-    pre = services.edit_and_approve(ticket, user=approver, arguments=EDITED)
+    pre = edit_and_approve(ticket, user=approver, arguments=EDITED)
     client.force_login(approver)
     url = reverse("approvals:ticket", args=[ticket.pk])
 
@@ -654,13 +669,11 @@ def test_preauthorisation_is_one_vote_under_a_quorum_of_two(setup, model_calls):
     tenant, ticket, approver = setup
     admin = member(tenant, Role.ADMIN, username="admin")
     second = member(tenant, Role.APPROVER, username="second")
-    services.save_policy(
-        tenant=tenant, user=admin, tool_name="deploy_release", required_approvals=2
-    )
+    save_policy(tenant=tenant, user=admin, tool_name="deploy_release", required_approvals=2)
     ticket.refresh_from_db()
-    services.edit_and_approve(ticket, user=approver, arguments=EDITED)
+    edit_and_approve(ticket, user=approver, arguments=EDITED)
 
-    services.resume(run_id=ticket.run_id, worker_id="w1")
+    resume(run_id=ticket.run_id, worker_id="w1")
 
     # The model called again with the edited arguments: the editor's approval counts once, the
     # policy wants a second person, so the ticket waits and the run stays paused.
@@ -690,9 +703,9 @@ def test_preauthorisation_is_one_vote_under_a_quorum_of_two(setup, model_calls):
     assert f'Pre-authorised by approver: edited from <a href="/tickets/{ticket.pk}/">' in timeline
 
     # The editor cannot add a second vote; another approver completes the quorum.
-    with pytest.raises(services.AlreadyVotedError):
-        services.decide(new, user=approver, approve=True)
-    services.decide(new, user=second, approve=True)
+    with pytest.raises(AlreadyVotedError):
+        decide(new, user=approver, approve=True)
+    decide(new, user=second, approve=True)
 
     new.refresh_from_db()
     run.refresh_from_db()
@@ -701,7 +714,7 @@ def test_preauthorisation_is_one_vote_under_a_quorum_of_two(setup, model_calls):
         second,
         RunStatus.QUEUED,
     )
-    final = services.resume(run_id=run.pk, worker_id="w2")
+    final = resume(run_id=run.pk, worker_id="w2")
     assert final.status == RunStatus.COMPLETED
     assert [e["release"] for e in demo.read_effects("deploy_release")] == ["2026.07.25"]
 
@@ -709,8 +722,8 @@ def test_preauthorisation_is_one_vote_under_a_quorum_of_two(setup, model_calls):
 def test_edit_is_refused_to_an_approver_outside_the_policys_groups(setup):
     tenant, ticket, approver = setup
     admin = member(tenant, Role.ADMIN, username="admin")
-    services.save_group(tenant=tenant, user=admin, name="release managers", members=[admin])
-    services.save_policy(
+    save_group(tenant=tenant, user=admin, name="release managers", members=[admin])
+    save_policy(
         tenant=tenant,
         user=admin,
         tool_name="deploy_release",
@@ -719,8 +732,8 @@ def test_edit_is_refused_to_an_approver_outside_the_policys_groups(setup):
     )
     ticket.refresh_from_db()
 
-    with pytest.raises(services.NotAllowedError, match="release managers"):
-        services.edit_and_approve(ticket, user=approver, arguments=EDITED)
+    with pytest.raises(NotAllowedError, match="release managers"):
+        edit_and_approve(ticket, user=approver, arguments=EDITED)
 
     assert Ticket.objects.get(pk=ticket.pk).status == TicketStatus.PENDING
     assert not PreAuthorization.objects.exists()

@@ -13,11 +13,19 @@ from agents.memory import SQLiteSession
 from agents.run_state import CURRENT_SCHEMA_VERSION
 from django.conf import settings
 
-from approvals import demo, registry, services
-from approvals.agent_sessions import UnsupportedSessionError
+from approvals import demo
 from approvals.core import crypto
 from approvals.core.canonical import arguments_digest
+from approvals.execution import registry
+from approvals.execution.sessions import UnsupportedSessionError
+from approvals.execution.state import (
+    ContextNotSerializableError,
+    NoInterruptionsError,
+    SecretInContextError,
+    open_state,
+)
 from approvals.models import AuditEvent, Run, RunStatus, Ticket, TicketStatus
+from approvals.runs.pause import pause_run
 from tests.factories import TenantFactory, member, paused_run, run_agent, two_call_agent
 
 pytestmark = pytest.mark.django_db
@@ -42,7 +50,7 @@ def assert_nothing_written() -> None:
 def pause(result, tenant, **kwargs) -> Run:
     kwargs.setdefault("agent_key", "release")
     kwargs.setdefault("agent_version", "1")
-    return services.pause_run(result, tenant=tenant, **kwargs)
+    return pause_run(result, tenant=tenant, **kwargs)
 
 
 # --- what is stored -----------------------------------------------------------------------------
@@ -114,7 +122,7 @@ def test_pause_run_encrypts_the_state_under_the_primary_key():
     assert len(ciphertext) > 0
     assert b"2026.07.24" not in ciphertext
     assert b"deploy_release" not in ciphertext
-    state = services.open_state(run)
+    state = open_state(run)
     assert state["$schemaVersion"] == CURRENT_SCHEMA_VERSION
     assert state["original_input"] == "Deploy release 2026.07.24 to production"
 
@@ -139,7 +147,7 @@ def test_pause_run_without_interruptions_is_refused():
     result = run_agent("release", "Deploy the latest build please")
 
     assert result.final_output == "Which release should I deploy? Give it as YYYY.MM.DD."
-    with pytest.raises(services.NoInterruptionsError):
+    with pytest.raises(NoInterruptionsError):
         pause(result, tenant)
 
     assert_nothing_written()
@@ -179,7 +187,7 @@ def test_pause_run_with_secret_in_context_is_refused(context, path):
     tenant = TenantFactory()
     result = run_agent("release", PROMPT, context=context)
 
-    with pytest.raises(services.SecretInContextError) as raised:
+    with pytest.raises(SecretInContextError) as raised:
         pause(result, tenant)
 
     message = str(raised.value)
@@ -194,7 +202,7 @@ def test_pause_run_with_lock_in_context_is_refused():
     tenant = TenantFactory()
     result = run_agent("release", PROMPT, context={"lock": threading.Lock(), "ok": 1})
 
-    with pytest.raises(services.ContextNotSerializableError, match="not JSON serializable"):
+    with pytest.raises(ContextNotSerializableError, match="not JSON serializable"):
         pause(result, tenant)
 
     assert_nothing_written()
@@ -205,9 +213,7 @@ def test_pause_run_with_socket_in_context_is_refused():
     sock = socket.socket()
     try:
         result = run_agent("release", PROMPT, context={"connection": sock})
-        with pytest.raises(
-            services.ContextNotSerializableError, match="Object of type socket is not JSON"
-        ):
+        with pytest.raises(ContextNotSerializableError, match="Object of type socket is not JSON"):
             pause(result, tenant)
     finally:
         sock.close()
@@ -227,7 +233,7 @@ def test_pause_run_with_object_context_and_no_serializer_is_refused():
     # The invoice agent is registered without a context_serializer.
     result = run_agent("invoice", "Publish test invoice INV-781", context=Client())
 
-    with pytest.raises(services.ContextNotSerializableError, match="requires context to be a map"):
+    with pytest.raises(ContextNotSerializableError, match="requires context to be a map"):
         pause(result, tenant, agent_key="invoice")
 
     assert_nothing_written()
@@ -238,7 +244,7 @@ def test_pause_run_with_object_context_the_serializer_cannot_read_is_refused():
     # The release agent's registered serializer expects a mapping.
     result = run_agent("release", PROMPT, context=Client())
 
-    with pytest.raises(services.ContextNotSerializableError, match="Context serializer failed"):
+    with pytest.raises(ContextNotSerializableError, match="Context serializer failed"):
         pause(result, tenant)
 
     assert_nothing_written()
@@ -274,7 +280,7 @@ def without_secret(context) -> dict:
 
 def assert_secret_not_stored(run: Run) -> None:
     run.refresh_from_db()
-    assert SECRET not in json.dumps(services.open_state(run))
+    assert SECRET not in json.dumps(open_state(run))
     events = list(AuditEvent.objects.values())
     assert len(events) == 2
     assert SECRET not in json.dumps(events, default=str)
@@ -286,7 +292,7 @@ def test_pause_run_with_serializer_leaves_secret_of_object_context_out():
 
     run = pause(result, tenant, context_serializer=without_secret)
 
-    assert services.open_state(run)["context"]["context"] == {"customer": "acme"}
+    assert open_state(run)["context"]["context"] == {"customer": "acme"}
     assert_secret_not_stored(run)
 
 
@@ -297,7 +303,7 @@ def test_pause_run_with_serializer_leaves_secret_of_mapping_context_out():
 
     run = pause(result, tenant, context_serializer=without_secret)
 
-    assert services.open_state(run)["context"]["context"] == {"customer": "acme"}
+    assert open_state(run)["context"]["context"] == {"customer": "acme"}
     assert_secret_not_stored(run)
 
 
@@ -316,7 +322,7 @@ def test_pause_run_registered_serializer_leaves_the_deploy_token_out():
 
     run = pause(result, tenant)
 
-    assert services.open_state(run)["context"]["context"] == {"team": "ops"}
+    assert open_state(run)["context"]["context"] == {"team": "ops"}
     assert_secret_not_stored(run)
 
 
@@ -326,7 +332,7 @@ def test_pause_run_without_serializer_keeps_mapping_context_as_is():
 
     run = pause(result, tenant, agent_key="invoice")
 
-    context = services.open_state(run)["context"]
+    context = open_state(run)["context"]
     assert context["context"] == {"team": "billing"}
     assert context["context_meta"]["serialized_via"] == "mapping"
 

@@ -11,8 +11,16 @@ from django.core.management import call_command
 from django.utils import timezone
 from django_tasks_db.models import DBTaskResult
 
-from approvals import demo, policies, services
-from approvals.live import hint_for
+from approvals import demo
+from approvals.decisions.decide import decide
+from approvals.decisions.edit import edit_and_approve
+from approvals.decisions.errors import (
+    AlreadyVotedError,
+    InvalidDecisionError,
+    NotAllowedError,
+    SelfApprovalError,
+)
+from approvals.live.hints import hint_for
 from approvals.models import (
     ApprovalPolicy,
     ApproverGroup,
@@ -24,11 +32,17 @@ from approvals.models import (
     TicketStatus,
     TicketVote,
 )
+from approvals.policies import quorum, rules, scopes
+from approvals.policies.groups import delete_group
+from approvals.policies.versions import PolicyError, remove_policy, save_policy
+from approvals.runs.pause import pause_run
+from approvals.runs.reaper import reap
+from approvals.runs.resume import resume
 from tests.factories import TenantFactory, member, paused_run
 
 pytestmark = pytest.mark.django_db
 
-TASK_PATH = "approvals.tasks.resume_run_task"
+TASK_PATH = "approvals.execution.queue.resume_run_task"
 
 
 def resume_tasks(run: Run) -> int:
@@ -64,7 +78,7 @@ def group(tenant, name, *users) -> ApproverGroup:
 
 
 def set_policy(tenant, admin, tool_name="deploy_release", agent_key="", **values):
-    return services.save_policy(
+    return save_policy(
         tenant=tenant, user=admin, agent_key=agent_key, tool_name=tool_name, **values
     )
 
@@ -78,15 +92,15 @@ def new_ticket(tenant, requester, prompt="Deploy release 2026.07.24 to productio
 
 def test_policy_resolution_prefers_the_most_specific_current_version(world):
     tenant, p = world
-    assert policies.resolve(tenant.pk, "release", "deploy_release").is_builtin
+    assert scopes.resolve(tenant.pk, "release", "deploy_release").is_builtin
     default = set_policy(tenant, p["admin"], tool_name="", required_approvals=3)
-    assert policies.resolve(tenant.pk, "release", "deploy_release") == default
+    assert scopes.resolve(tenant.pk, "release", "deploy_release") == default
     set_policy(tenant, p["admin"], required_approvals=2)
     latest = set_policy(tenant, p["admin"], required_approvals=4)
 
-    assert policies.resolve(tenant.pk, "release", "deploy_release") == latest
+    assert scopes.resolve(tenant.pk, "release", "deploy_release") == latest
     assert latest.version == 2
-    assert policies.resolve(tenant.pk, "invoice", "publish_invoice") == default
+    assert scopes.resolve(tenant.pk, "invoice", "publish_invoice") == default
     assert ApprovalPolicy.objects.filter(tenant=tenant, tool_name="deploy_release").count() == 2
 
 
@@ -113,9 +127,9 @@ def test_policy_change_is_audited_with_a_diff(world):
 
 def test_policy_change_by_a_non_admin_is_refused(world):
     tenant, p = world
-    with pytest.raises(services.PolicyError):
+    with pytest.raises(PolicyError):
         set_policy(tenant, p["alice"], required_approvals=2)
-    with pytest.raises(services.PolicyError):
+    with pytest.raises(PolicyError):
         set_policy(tenant, p["admin"], required_approvals=2, allowed_groups=["nobody"])
     assert ApprovalPolicy.objects.count() == 0
 
@@ -128,9 +142,9 @@ def test_quorum_of_two_one_approver_twice_stays_pending_then_second_approves(wor
     set_policy(tenant, p["admin"], required_approvals=2)
     ticket = new_ticket(tenant, p["requester"])
 
-    services.decide(ticket, user=p["alice"], approve=True)
-    with pytest.raises(services.AlreadyVotedError, match="already approved"):
-        services.decide(ticket, user=p["alice"], approve=True)
+    decide(ticket, user=p["alice"], approve=True)
+    with pytest.raises(AlreadyVotedError, match="already approved"):
+        decide(ticket, user=p["alice"], approve=True)
 
     ticket.refresh_from_db()
     assert ticket.status == TicketStatus.PENDING
@@ -139,7 +153,7 @@ def test_quorum_of_two_one_approver_twice_stays_pending_then_second_approves(wor
     assert resume_tasks(ticket.run) == 0
     assert actions(ticket) == ["ticket.created", "ticket.vote"]
 
-    services.decide(ticket, user=p["bob"], approve=True)
+    decide(ticket, user=p["bob"], approve=True)
 
     ticket.refresh_from_db()
     assert ticket.status == TicketStatus.APPROVED
@@ -154,7 +168,7 @@ def test_quorum_of_one_behaves_as_before(world):
     tenant, p = world
     ticket = new_ticket(tenant, p["requester"])
 
-    services.decide(ticket, user=p["alice"], approve=True)
+    decide(ticket, user=p["alice"], approve=True)
 
     ticket.refresh_from_db()
     assert ticket.status == TicketStatus.APPROVED
@@ -166,9 +180,9 @@ def test_rejection_by_one_eligible_person_rejects_at_once_under_a_quorum(world):
     tenant, p = world
     set_policy(tenant, p["admin"], required_approvals=2)
     ticket = new_ticket(tenant, p["requester"])
-    services.decide(ticket, user=p["alice"], approve=True)
+    decide(ticket, user=p["alice"], approve=True)
 
-    services.decide(ticket, user=p["bob"], approve=False, message="not today")
+    decide(ticket, user=p["bob"], approve=False, message="not today")
 
     ticket.refresh_from_db()
     assert ticket.status == TicketStatus.REJECTED
@@ -190,15 +204,15 @@ def test_group_rules_need_one_from_each_group(world):
     )
     ticket = new_ticket(tenant, p["requester"])
 
-    services.decide(ticket, user=p["alice"], approve=True)
-    services.decide(ticket, user=p["bob"], approve=True)
+    decide(ticket, user=p["alice"], approve=True)
+    decide(ticket, user=p["bob"], approve=True)
 
     ticket.refresh_from_db()
     assert ticket.status == TicketStatus.PENDING
-    progress = policies.progress(ticket, ticket.policy, list(ticket.votes.all()))
+    progress = quorum.progress(ticket, ticket.policy, list(ticket.votes.all()))
     assert progress.describe() == "2 of 2 approvals: alice, bob; needs 1 from security reviewers"
 
-    services.decide(ticket, user=p["carol"], approve=True)
+    decide(ticket, user=p["carol"], approve=True)
 
     ticket.refresh_from_db()
     assert ticket.status == TicketStatus.APPROVED
@@ -211,13 +225,13 @@ def test_only_allowed_groups_may_decide_and_the_refusal_names_them(world):
     set_policy(tenant, p["admin"], allowed_groups=["release managers"])
     ticket = new_ticket(tenant, p["requester"])
 
-    with pytest.raises(services.NotAllowedError, match="only members of release managers"):
-        services.decide(ticket, user=p["bob"], approve=True)
-    with pytest.raises(services.NotAllowedError):
-        services.decide(ticket, user=p["bob"], approve=False)
+    with pytest.raises(NotAllowedError, match="only members of release managers"):
+        decide(ticket, user=p["bob"], approve=True)
+    with pytest.raises(NotAllowedError):
+        decide(ticket, user=p["bob"], approve=False)
     assert TicketVote.objects.count() == 0
 
-    services.decide(ticket, user=p["alice"], approve=True)
+    decide(ticket, user=p["alice"], approve=True)
     assert Ticket.objects.get(pk=ticket.pk).status == TicketStatus.APPROVED
 
 
@@ -236,8 +250,8 @@ def test_self_approval_is_refused_under_every_policy(world, values):
     set_policy(tenant, p["admin"], **values)
     ticket = new_ticket(tenant, p["alice"])
 
-    with pytest.raises(services.SelfApprovalError):
-        services.decide(ticket, user=p["alice"], approve=True)
+    with pytest.raises(SelfApprovalError):
+        decide(ticket, user=p["alice"], approve=True)
 
     ticket.refresh_from_db()
     assert ticket.status == TicketStatus.PENDING
@@ -251,7 +265,7 @@ def test_policy_change_invalidates_pending_votes_then_approving_again_works(worl
     tenant, p = world
     v1 = set_policy(tenant, p["admin"], required_approvals=2)
     ticket = new_ticket(tenant, p["requester"])
-    services.decide(ticket, user=p["alice"], approve=True)
+    decide(ticket, user=p["alice"], approve=True)
 
     v2 = set_policy(tenant, p["admin"], required_approvals=2, expiry_seconds=7200)
 
@@ -266,9 +280,9 @@ def test_policy_change_invalidates_pending_votes_then_approving_again_works(worl
         "1 approval given under policy v1 were invalidated when boss changed the policy to v2"
     )
 
-    services.decide(ticket, user=p["bob"], approve=True)
+    decide(ticket, user=p["bob"], approve=True)
     assert Ticket.objects.get(pk=ticket.pk).status == TicketStatus.PENDING
-    services.decide(ticket, user=p["alice"], approve=True)
+    decide(ticket, user=p["alice"], approve=True)
     ticket.refresh_from_db()
     assert ticket.status == TicketStatus.APPROVED
     assert TicketVote.objects.filter(ticket=ticket).count() == 3
@@ -283,7 +297,7 @@ def test_a_new_specific_policy_takes_over_tickets_on_the_default(world):
 
     ticket.refresh_from_db()
     assert ticket.policy == policy
-    services.decide(ticket, user=p["alice"], approve=True)
+    decide(ticket, user=p["alice"], approve=True)
     assert Ticket.objects.get(pk=ticket.pk).status == TicketStatus.PENDING
 
 
@@ -301,7 +315,7 @@ def test_expiry_reject_rejects_with_a_message_and_the_run_resumes(world):
     ticket = new_ticket(tenant, p["requester"])
     lapse(ticket)
 
-    report = services.reap()
+    report = reap()
 
     ticket.refresh_from_db()
     assert report.rejected == [ticket.pk]
@@ -313,7 +327,7 @@ def test_expiry_reject_rejects_with_a_message_and_the_run_resumes(world):
     assert Run.objects.get(pk=ticket.run_id).status == RunStatus.QUEUED
     assert resume_tasks(ticket.run) == 1
 
-    outcome = services.resume(run_id=ticket.run_id)
+    outcome = resume(run_id=ticket.run_id)
 
     assert outcome.status == RunStatus.COMPLETED
     assert demo.read_effects() == []
@@ -332,7 +346,7 @@ def test_expiry_escalate_moves_to_the_group_then_rejects_on_a_second_lapse(world
     ticket = new_ticket(tenant, p["requester"])
     lapse(ticket)
 
-    report = services.reap()
+    report = reap()
 
     ticket.refresh_from_db()
     assert report.escalated == [ticket.pk]
@@ -340,11 +354,11 @@ def test_expiry_escalate_moves_to_the_group_then_rejects_on_a_second_lapse(world
     assert ticket.escalated_at is not None
     assert timedelta(seconds=890) < ticket.expires_at - timezone.now() <= timedelta(seconds=900)
     assert actions(ticket)[-1] == "ticket.escalated"
-    with pytest.raises(services.NotAllowedError, match="escalated"):
-        services.decide(ticket, user=p["alice"], approve=True)
+    with pytest.raises(NotAllowedError, match="escalated"):
+        decide(ticket, user=p["alice"], approve=True)
 
     lapse(ticket)
-    report = services.reap()
+    report = reap()
 
     ticket.refresh_from_db()
     assert report.rejected == [ticket.pk]
@@ -359,12 +373,12 @@ def test_escalated_ticket_can_be_approved_by_the_escalation_group(world):
     set_policy(tenant, p["admin"], on_expiry="escalate", escalation_group="on-call leads")
     ticket = new_ticket(tenant, p["requester"])
     lapse(ticket)
-    services.reap()
+    reap()
 
-    services.decide(Ticket.objects.get(pk=ticket.pk), user=p["carol"], approve=True)
+    decide(Ticket.objects.get(pk=ticket.pk), user=p["carol"], approve=True)
 
     assert Ticket.objects.get(pk=ticket.pk).status == TicketStatus.APPROVED
-    assert services.resume(run_id=ticket.run_id).status == RunStatus.COMPLETED
+    assert resume(run_id=ticket.run_id).status == RunStatus.COMPLETED
     assert len(demo.read_effects()) == 1
 
 
@@ -373,7 +387,7 @@ def test_expiry_expire_keeps_todays_behaviour(world):
     ticket = new_ticket(tenant, p["requester"])
     lapse(ticket)
 
-    report = services.reap()
+    report = reap()
 
     assert report.expired_runs == [ticket.run_id]
     assert Ticket.objects.get(pk=ticket.pk).status == TicketStatus.EXPIRED
@@ -406,7 +420,7 @@ def test_automatic_approval_by_rule_queues_the_run(world):
     assert event.detail["reason"] == "staging deployments are low risk"
     assert Run.objects.get(pk=ticket.run_id).status == RunStatus.QUEUED
     assert resume_tasks(ticket.run) == 1
-    assert services.resume(run_id=ticket.run_id).status == RunStatus.COMPLETED
+    assert resume(run_id=ticket.run_id).status == RunStatus.COMPLETED
     assert [e["environment"] for e in demo.read_effects()] == ["staging"]
 
 
@@ -438,7 +452,7 @@ def test_automatic_rejection_by_rule_gives_the_reason_to_the_model(world):
     assert ticket.status == TicketStatus.REJECTED
     assert ticket.decision_message == "July releases are frozen"
     assert actions(ticket)[-1] == "ticket.auto_rejected"
-    assert services.resume(run_id=ticket.run_id).status == RunStatus.COMPLETED
+    assert resume(run_id=ticket.run_id).status == RunStatus.COMPLETED
     assert demo.read_effects() == []
 
 
@@ -455,17 +469,17 @@ def test_automatic_rejection_by_rule_gives_the_reason_to_the_model(world):
 )
 def test_rule_operators(op, value, matches):
     rule = {"argument": "environment", "op": op, "value": value}
-    assert policies.rule_matches(rule, {"environment": "staging"}) is matches
-    assert policies.rule_matches(rule, {"other": "staging"}) is False
+    assert rules.rule_matches(rule, {"environment": "staging"}) is matches
+    assert rules.rule_matches(rule, {"other": "staging"}) is False
 
 
 def test_rule_text_round_trips_and_bad_regex_is_refused():
     text = "approve if environment != production because staging is low risk"
-    assert policies.format_auto_rules(policies.parse_auto_rules(text)) == text
-    with pytest.raises(policies.RuleSyntaxError, match="regular expression"):
-        policies.parse_auto_rules("reject if release matches ([ because broken")
-    with pytest.raises(policies.RuleSyntaxError, match="line 1"):
-        policies.parse_auto_rules("approve when it feels right")
+    assert rules.format_auto_rules(rules.parse_auto_rules(text)) == text
+    with pytest.raises(rules.RuleSyntaxError, match="regular expression"):
+        rules.parse_auto_rules("reject if release matches ([ because broken")
+    with pytest.raises(rules.RuleSyntaxError, match="line 1"):
+        rules.parse_auto_rules("approve when it feels right")
 
 
 def test_policy_audit_events_become_live_hints_of_the_right_kind():
@@ -507,11 +521,11 @@ def test_an_approval_given_in_time_survives_a_sibling_tickets_escalation(world):
 
     tenant, p = world
     result = run_agent("release", "Deploy 2026.07.24", agent=two_call_agent())
-    run = services.pause_run(
+    run = pause_run(
         result, tenant=tenant, agent_key="release", agent_version="1", requested_by=p["requester"]
     )
     staging, production = Ticket.objects.filter(run=run).order_by("pk")
-    services.decide(staging, user=p["alice"], approve=True)
+    decide(staging, user=p["alice"], approve=True)
     # Staging was approved in time long ago; production lapsed and was escalated, and is
     # decided now, well after staging's own expiry (and the resume grace) has passed.
     long_ago = timezone.now() - timedelta(hours=3)
@@ -521,9 +535,9 @@ def test_an_approval_given_in_time_survives_a_sibling_tickets_escalation(world):
     Ticket.objects.filter(pk=production.pk).update(
         escalated_at=timezone.now(), expires_at=timezone.now() + timedelta(hours=1)
     )
-    services.decide(production, user=p["bob"], approve=True)
+    decide(production, user=p["bob"], approve=True)
 
-    outcome = services.resume(run_id=run.pk)
+    outcome = resume(run_id=run.pk)
 
     assert outcome.status == RunStatus.COMPLETED, outcome.reason
     assert sorted(e["environment"] for e in demo.read_effects("deploy_release")) == [
@@ -535,13 +549,13 @@ def test_an_approval_given_in_time_survives_a_sibling_tickets_escalation(world):
 def test_an_approval_past_the_whole_generations_expiry_is_still_refused(world):
     tenant, p = world
     ticket = new_ticket(tenant, p["requester"])
-    services.decide(ticket, user=p["alice"], approve=True)
+    decide(ticket, user=p["alice"], approve=True)
     long_ago = timezone.now() - timedelta(hours=3)
     Ticket.objects.filter(pk=ticket.pk).update(
         decided_at=long_ago, expires_at=long_ago + timedelta(minutes=10)
     )
 
-    outcome = services.resume(run_id=ticket.run_id)
+    outcome = resume(run_id=ticket.run_id)
 
     assert outcome.status == RunStatus.EXPIRED
     assert demo.read_effects() == []
@@ -551,12 +565,12 @@ def test_a_quorum_that_lost_a_voter_is_refused_at_resume(world):
     tenant, p = world
     set_policy(tenant, p["admin"], required_approvals=2)
     ticket = new_ticket(tenant, p["requester"])
-    services.decide(ticket, user=p["alice"], approve=True)
-    services.decide(ticket, user=p["bob"], approve=True)
+    decide(ticket, user=p["alice"], approve=True)
+    decide(ticket, user=p["bob"], approve=True)
     # Alice's account is deleted after the quorum was met: her vote goes with it.
     p["alice"].delete()
 
-    outcome = services.resume(run_id=ticket.run_id)
+    outcome = resume(run_id=ticket.run_id)
 
     assert outcome.status == RunStatus.NEEDS_ATTENTION
     assert "no longer has the approvals its policy needs" in outcome.reason
@@ -573,13 +587,13 @@ def test_a_voter_taken_out_of_the_rules_group_no_longer_counts_at_resume(world):
         group_rules=[{"group": "release managers", "count": 1}],
     )
     ticket = new_ticket(tenant, p["requester"])
-    services.decide(ticket, user=p["alice"], approve=True)
-    services.decide(ticket, user=p["bob"], approve=True)
+    decide(ticket, user=p["alice"], approve=True)
+    decide(ticket, user=p["bob"], approve=True)
     assert Ticket.objects.get(pk=ticket.pk).status == TicketStatus.APPROVED
     # Alice leaves the release managers before the worker resumes: nobody speaks for them.
     managers.members.remove(p["alice"])
 
-    outcome = services.resume(run_id=ticket.run_id)
+    outcome = resume(run_id=ticket.run_id)
 
     assert outcome.status == RunStatus.NEEDS_ATTENTION
     assert "needs 1 from release managers" in outcome.reason
@@ -591,10 +605,10 @@ def test_a_voter_taken_out_of_the_deciding_groups_is_refused_at_resume(world):
     managers = group(tenant, "release managers", p["alice"])
     set_policy(tenant, p["admin"], allowed_groups=["release managers"])
     ticket = new_ticket(tenant, p["requester"])
-    services.decide(ticket, user=p["alice"], approve=True)
+    decide(ticket, user=p["alice"], approve=True)
     managers.members.remove(p["alice"])
 
-    outcome = services.resume(run_id=ticket.run_id)
+    outcome = resume(run_id=ticket.run_id)
 
     assert outcome.status == RunStatus.NEEDS_ATTENTION
     assert "alice, whose approval counted for ticket" in outcome.reason
@@ -614,10 +628,10 @@ def test_voters_still_in_their_groups_resume_and_run_once(world):
         allowed_groups=[],
     )
     ticket = new_ticket(tenant, p["requester"])
-    services.decide(ticket, user=p["alice"], approve=True)
-    services.decide(ticket, user=p["bob"], approve=True)
+    decide(ticket, user=p["alice"], approve=True)
+    decide(ticket, user=p["bob"], approve=True)
 
-    outcome = services.resume(run_id=ticket.run_id)
+    outcome = resume(run_id=ticket.run_id)
 
     assert outcome.status == RunStatus.COMPLETED
     assert len(demo.read_effects()) == 1
@@ -647,8 +661,8 @@ def test_always_is_refused_where_it_would_waive_the_policy(world, values):
     set_policy(tenant, p["admin"], **values)
     ticket = new_ticket(tenant, p["requester"])
 
-    with pytest.raises(services.InvalidDecisionError, match="'always' is not offered"):
-        services.decide(ticket, user=p["alice"], approve=True, always=True)
+    with pytest.raises(InvalidDecisionError, match="'always' is not offered"):
+        decide(ticket, user=p["alice"], approve=True, always=True)
 
     assert not TicketVote.objects.exists()
     assert Ticket.objects.get(pk=ticket.pk).status == TicketStatus.PENDING
@@ -658,7 +672,7 @@ def test_always_is_offered_under_a_single_approval_policy(world):
     tenant, p = world
     ticket = new_ticket(tenant, p["requester"])
 
-    services.decide(ticket, user=p["alice"], approve=True, always=True)
+    decide(ticket, user=p["alice"], approve=True, always=True)
 
     assert Ticket.objects.get(pk=ticket.pk).always is True
 
@@ -679,11 +693,11 @@ def test_a_rule_that_rejects_beats_a_pre_authorisation(world):
         ],
     )
     ticket = new_ticket(tenant, p["requester"])
-    services.edit_and_approve(
+    edit_and_approve(
         ticket, user=p["alice"], arguments={"environment": "production", "release": "2026.07.25"}
     )
 
-    services.resume(run_id=ticket.run_id)
+    resume(run_id=ticket.run_id)
 
     again = Ticket.objects.get(run_id=ticket.run_id, generation=2)
     assert (again.status, again.decision_source) == (TicketStatus.REJECTED, "rule")
@@ -702,17 +716,17 @@ def test_removing_a_tools_policy_moves_its_tickets_to_the_tenant_default(world):
     default = set_policy(tenant, p["admin"], tool_name="", required_approvals=1)
     strict = set_policy(tenant, p["admin"], required_approvals=2)
     ticket = new_ticket(tenant, p["requester"])
-    services.decide(ticket, user=p["alice"], approve=True)  # 1 of 2
+    decide(ticket, user=p["alice"], approve=True)  # 1 of 2
     assert Ticket.objects.get(pk=ticket.pk).policy_id == strict.pk
 
-    removed = services.remove_policy(tenant=tenant, user=p["admin"], tool_name="deploy_release")
+    removed = remove_policy(tenant=tenant, user=p["admin"], tool_name="deploy_release")
 
     ticket.refresh_from_db()
     assert (removed.version, removed.retired, removed.required_approvals) == (2, True, 2)
     assert ticket.policy_id == default.pk and ticket.status == TicketStatus.PENDING
-    assert policies.resolve(tenant.pk, "release", "deploy_release") == default
-    assert policies.current_for_scope(tenant.pk, "", "deploy_release") is None
-    assert [pol.pk for pol in policies.current_policies(tenant.pk)] == [default.pk]
+    assert scopes.resolve(tenant.pk, "release", "deploy_release") == default
+    assert scopes.current_for_scope(tenant.pk, "", "deploy_release") is None
+    assert [pol.pk for pol in scopes.current_policies(tenant.pk)] == [default.pk]
     vote = TicketVote.objects.get(ticket=ticket)
     assert "removed the policy for any agent / deploy_release" in vote.invalidated_reason
     event = AuditEvent.objects.get(action="policy.removed")
@@ -722,7 +736,7 @@ def test_removing_a_tools_policy_moves_its_tickets_to_the_tenant_default(world):
         1,
     )
     # Under the default one approval is enough: alice approves again and it is decided.
-    services.decide(ticket, user=p["alice"], approve=True)
+    decide(ticket, user=p["alice"], approve=True)
     assert Ticket.objects.get(pk=ticket.pk).status == TicketStatus.APPROVED
 
 
@@ -731,11 +745,11 @@ def test_removing_the_only_policy_falls_back_to_the_builtin_default(world):
     set_policy(tenant, p["admin"], required_approvals=3)
     ticket = new_ticket(tenant, p["requester"])
 
-    services.remove_policy(tenant=tenant, user=p["admin"], tool_name="deploy_release")
+    remove_policy(tenant=tenant, user=p["admin"], tool_name="deploy_release")
 
     ticket.refresh_from_db()
     assert ticket.policy_id is None
-    assert policies.policy_of(ticket).is_builtin
+    assert scopes.policy_of(ticket).is_builtin
 
 
 def test_removing_a_tools_policy_leaves_tickets_of_a_more_specific_scope(world):
@@ -745,7 +759,7 @@ def test_removing_a_tools_policy_leaves_tickets_of_a_more_specific_scope(world):
     ticket = new_ticket(tenant, p["requester"])
     assert ticket.policy_id == specific.pk
 
-    services.remove_policy(tenant=tenant, user=p["admin"], tool_name="deploy_release")
+    remove_policy(tenant=tenant, user=p["admin"], tool_name="deploy_release")
 
     assert Ticket.objects.get(pk=ticket.pk).policy_id == specific.pk
     assert AuditEvent.objects.get(action="policy.removed").detail["tickets_moved"] == 0
@@ -754,7 +768,7 @@ def test_removing_a_tools_policy_leaves_tickets_of_a_more_specific_scope(world):
 def test_a_removed_scope_comes_back_with_the_next_save(world):
     tenant, p = world
     set_policy(tenant, p["admin"], required_approvals=2)
-    services.remove_policy(tenant=tenant, user=p["admin"], tool_name="deploy_release")
+    remove_policy(tenant=tenant, user=p["admin"], tool_name="deploy_release")
     ticket = new_ticket(tenant, p["requester"])
     assert ticket.policy_id is None
 
@@ -762,21 +776,21 @@ def test_a_removed_scope_comes_back_with_the_next_save(world):
 
     assert (back.version, back.retired) == (3, False)
     assert Ticket.objects.get(pk=ticket.pk).policy_id == back.pk
-    assert policies.current_for_scope(tenant.pk, "", "deploy_release") == back
+    assert scopes.current_for_scope(tenant.pk, "", "deploy_release") == back
 
 
 def test_removing_a_scope_without_a_policy_is_refused_and_writes_nothing(world):
     tenant, p = world
     set_policy(tenant, p["admin"], required_approvals=2)
-    services.remove_policy(tenant=tenant, user=p["admin"], tool_name="deploy_release")
+    remove_policy(tenant=tenant, user=p["admin"], tool_name="deploy_release")
 
     for _ in range(2):  # never saved; already removed
-        with pytest.raises(services.PolicyError, match="has no policy of its own"):
-            services.remove_policy(tenant=tenant, user=p["admin"], tool_name="publish_invoice")
-    with pytest.raises(services.PolicyError, match="has no policy of its own"):
-        services.remove_policy(tenant=tenant, user=p["admin"], tool_name="deploy_release")
-    with pytest.raises(services.PolicyError):
-        services.remove_policy(tenant=tenant, user=p["alice"], tool_name="deploy_release")
+        with pytest.raises(PolicyError, match="has no policy of its own"):
+            remove_policy(tenant=tenant, user=p["admin"], tool_name="publish_invoice")
+    with pytest.raises(PolicyError, match="has no policy of its own"):
+        remove_policy(tenant=tenant, user=p["admin"], tool_name="deploy_release")
+    with pytest.raises(PolicyError):
+        remove_policy(tenant=tenant, user=p["alice"], tool_name="deploy_release")
 
     assert ApprovalPolicy.objects.count() == 2
     assert AuditEvent.objects.filter(action="policy.removed").count() == 1
@@ -798,11 +812,11 @@ def test_a_voter_taken_out_of_the_escalation_group_is_refused_at_resume(world, a
     )
     ticket = new_ticket(tenant, p["requester"])
     lapse(ticket)
-    services.reap()
-    services.decide(Ticket.objects.get(pk=ticket.pk), user=p["carol"], approve=True)
+    reap()
+    decide(Ticket.objects.get(pk=ticket.pk), user=p["carol"], approve=True)
     leads.members.remove(p["carol"])
 
-    outcome = services.resume(run_id=ticket.run_id)
+    outcome = resume(run_id=ticket.run_id)
 
     assert outcome.status == RunStatus.NEEDS_ATTENTION
     assert "carol, whose approval counted for ticket" in outcome.reason
@@ -815,16 +829,16 @@ def test_a_group_an_approved_ticket_still_counts_on_cannot_be_deleted(world):
     group(tenant, "release managers", p["alice"])
     set_policy(tenant, p["admin"], allowed_groups=["release managers"])
     ticket = new_ticket(tenant, p["requester"])
-    services.decide(ticket, user=p["alice"], approve=True)  # approved; the run not resumed yet
+    decide(ticket, user=p["alice"], approve=True)  # approved; the run not resumed yet
     set_policy(tenant, p["admin"], allowed_groups=[])  # the current version names no group
 
-    with pytest.raises(services.PolicyError, match=rf"still counts for ticket #{ticket.pk},"):
-        services.delete_group(tenant=tenant, user=p["admin"], name="release managers")
+    with pytest.raises(PolicyError, match=rf"still counts for ticket #{ticket.pk},"):
+        delete_group(tenant=tenant, user=p["admin"], name="release managers")
     assert ApproverGroup.objects.filter(name="release managers").exists()
 
     # Once the run has resumed (here: completed), the group can go.
     Run.objects.filter(pk=ticket.run_id).update(status=RunStatus.COMPLETED)
-    services.delete_group(tenant=tenant, user=p["admin"], name="release managers")
+    delete_group(tenant=tenant, user=p["admin"], name="release managers")
     assert not ApproverGroup.objects.exists()
 
 
@@ -832,5 +846,5 @@ def test_deleting_a_group_by_a_malformed_name_is_refused(world):
     tenant, p = world
 
     for name in ("", "   ", "a\x00b", "x" * 101):
-        with pytest.raises(services.PolicyError, match="name the group to delete"):
-            services.delete_group(tenant=tenant, user=p["admin"], name=name)
+        with pytest.raises(PolicyError, match="name the group to delete"):
+            delete_group(tenant=tenant, user=p["admin"], name=name)

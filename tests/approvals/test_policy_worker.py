@@ -8,8 +8,9 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from approvals import demo, services
+from approvals import demo
 from approvals.models import ApproverGroup, AuditEvent, Role, Run, RunStatus, Ticket, TicketStatus
+from approvals.policies.versions import save_policy
 from tests.conftest import subprocess_env
 from tests.factories import TenantFactory, member, paused_run
 
@@ -28,7 +29,7 @@ def _wait_until(predicate, *, timeout: float, what: str):
 def test_worker_rejects_an_expired_ticket_on_time_and_the_run_completes(manage_process):
     tenant = TenantFactory(slug="acme")
     admin = member(tenant, Role.ADMIN, username="boss")
-    services.save_policy(tenant=tenant, user=admin, tool_name="deploy_release", on_expiry="reject")
+    save_policy(tenant=tenant, user=admin, tool_name="deploy_release", on_expiry="reject")
     requester = member(tenant, Role.VIEWER, username="req")
     warm_up = Ticket.objects.get(run=paused_run(tenant, requested_by=requester))
     run = paused_run(tenant, requested_by=requester)
@@ -67,7 +68,7 @@ def test_worker_escalates_an_expired_ticket(manage_process):
     admin = member(tenant, Role.ADMIN, username="boss")
     leads, _ = ApproverGroup.objects.get_or_create(tenant=tenant, name="on-call leads")
     leads.members.add(member(tenant, Role.APPROVER, username="carol"))
-    services.save_policy(
+    save_policy(
         tenant=tenant,
         user=admin,
         tool_name="deploy_release",

@@ -10,8 +10,11 @@ import pytest
 from agents.memory import SQLiteSession
 from django.utils import timezone
 
-from approvals import agent_sessions, demo, services
-from approvals.ledger import idempotency_key
+from approvals import demo
+from approvals.decisions.decide import decide
+from approvals.execution import sessions as agent_sessions
+from approvals.execution.ledger import idempotency_key
+from approvals.execution.state import open_state
 from approvals.models import (
     AuditEvent,
     IdempotencyRecord,
@@ -23,6 +26,8 @@ from approvals.models import (
     Ticket,
     TicketStatus,
 )
+from approvals.runs.pause import pause_run
+from approvals.runs.resume import resume
 from tests.factories import TenantFactory, member, paused_run, run_agent, two_call_agent
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -58,7 +63,7 @@ def decided_run(
     approver = member(tenant, Role.APPROVER)
     run = paused_run(tenant, prompt=prompt, requested_by=member(tenant, Role.VIEWER))
     ticket = Ticket.objects.get(run=run)
-    services.decide(ticket, user=approver, approve=approve, **decision)
+    decide(ticket, user=approver, approve=approve, **decision)
     return run, Ticket.objects.get(pk=ticket.pk), approver
 
 
@@ -82,7 +87,7 @@ def assert_refused(outcome, run: Run, *, status: str, reason: str) -> None:
 def test_resume_approved_runs_the_tool_once_and_completes(model_calls):
     run, ticket, _ = decided_run()
 
-    outcome = services.resume(run_id=run.pk, worker_id="w1")
+    outcome = resume(run_id=run.pk, worker_id="w1")
 
     run.refresh_from_db()
     assert outcome.status == RunStatus.COMPLETED
@@ -109,10 +114,10 @@ def test_resume_puts_the_deploy_token_back_from_the_environment(monkeypatch):
         requested_by=member(tenant, Role.VIEWER),
         context={"deploy_token": "token-from-the-requester", "team": "ops"},
     )
-    assert services.open_state(run)["context"]["context"] == {"team": "ops"}
-    services.decide(Ticket.objects.get(run=run), user=member(tenant), approve=True)
+    assert open_state(run)["context"]["context"] == {"team": "ops"}
+    decide(Ticket.objects.get(run=run), user=member(tenant), approve=True)
 
-    assert services.resume(run_id=run.pk).status == RunStatus.COMPLETED
+    assert resume(run_id=run.pk).status == RunStatus.COMPLETED
 
     assert [e["authenticated"] for e in demo.read_effects()] == [True]
 
@@ -120,7 +125,7 @@ def test_resume_puts_the_deploy_token_back_from_the_environment(monkeypatch):
 def test_resume_rejected_never_runs_the_tool_and_the_model_gets_the_message(model_calls):
     run, _, _ = decided_run(approve=False, message=DENIED)
 
-    outcome = services.resume(run_id=run.pk, worker_id="w1")
+    outcome = resume(run_id=run.pk, worker_id="w1")
 
     run.refresh_from_db()
     assert outcome.status == RunStatus.COMPLETED
@@ -134,9 +139,9 @@ def test_resume_rejected_never_runs_the_tool_and_the_model_gets_the_message(mode
 
 def test_resume_second_delivery_does_nothing(model_calls):
     run, _, _ = decided_run()
-    first = services.resume(run_id=run.pk, worker_id="w1")
+    first = resume(run_id=run.pk, worker_id="w1")
 
-    second = services.resume(run_id=run.pk, worker_id="w2")
+    second = resume(run_id=run.pk, worker_id="w2")
 
     assert first.status == RunStatus.COMPLETED
     assert second.status == RunStatus.COMPLETED
@@ -152,7 +157,7 @@ def test_resume_of_a_paused_run_with_pending_ticket_is_not_claimed():
     tenant = TenantFactory()
     run = paused_run(tenant, requested_by=member(tenant, Role.VIEWER))
 
-    outcome = services.resume(run_id=run.pk, worker_id="w1")
+    outcome = resume(run_id=run.pk, worker_id="w1")
 
     assert (outcome.status, outcome.reason) == (
         RunStatus.PAUSED,
@@ -169,7 +174,7 @@ def test_resume_always_approve_runs_both_environments_without_a_second_ticket(mo
     run, staging, _ = decided_run(prompt=TWO_ENVIRONMENTS, always=True)
     assert staging.tool_call_id == "call_deploy_2026.07.24_staging"
 
-    outcome = services.resume(run_id=run.pk, worker_id="w1")
+    outcome = resume(run_id=run.pk, worker_id="w1")
 
     run.refresh_from_db()
     assert outcome.status == RunStatus.COMPLETED
@@ -194,7 +199,7 @@ def test_resume_always_approve_runs_both_environments_without_a_second_ticket(mo
 def test_resume_without_always_pauses_again_for_production(model_calls):
     run, staging, approver = decided_run(prompt=TWO_ENVIRONMENTS)
 
-    outcome = services.resume(run_id=run.pk, worker_id="w1")
+    outcome = resume(run_id=run.pk, worker_id="w1")
 
     run.refresh_from_db()
     assert outcome.status == RunStatus.PAUSED
@@ -208,8 +213,8 @@ def test_resume_without_always_pauses_again_for_production(model_calls):
     assert model_calls["release"] == 2
     assert actions(run)[-4:] == ["run.resuming", "effect.done", "run.paused", "ticket.created"]
 
-    services.decide(pending, user=approver, approve=True)
-    final = services.resume(run_id=run.pk, worker_id="w2")
+    decide(pending, user=approver, approve=True)
+    final = resume(run_id=run.pk, worker_id="w2")
 
     run.refresh_from_db()
     assert final.status == RunStatus.COMPLETED
@@ -222,11 +227,11 @@ def test_resume_without_always_pauses_again_for_production(model_calls):
 
 def test_resume_second_pause_rejected_runs_only_the_first_effect():
     run, _, approver = decided_run(prompt=TWO_ENVIRONMENTS)
-    services.resume(run_id=run.pk, worker_id="w1")
+    resume(run_id=run.pk, worker_id="w1")
     pending = Ticket.objects.get(run=run, status=TicketStatus.PENDING)
 
-    services.decide(pending, user=approver, approve=False, message=DENIED)
-    outcome = services.resume(run_id=run.pk, worker_id="w2")
+    decide(pending, user=approver, approve=False, message=DENIED)
+    outcome = resume(run_id=run.pk, worker_id="w2")
 
     assert outcome.status == RunStatus.COMPLETED
     assert [e["environment"] for e in demo.read_effects()] == ["staging"]
@@ -239,7 +244,7 @@ def test_resume_two_tickets_in_one_pause_approved_and_rejected():
     tenant = TenantFactory()
     approver = member(tenant)
     result = run_agent("release", TWO_ENVIRONMENTS, agent=two_call_agent())
-    run = services.pause_run(
+    run = pause_run(
         result,
         tenant=tenant,
         agent_key="release",
@@ -247,11 +252,11 @@ def test_resume_two_tickets_in_one_pause_approved_and_rejected():
         requested_by=member(tenant, Role.VIEWER),
     )
     staging, production = Ticket.objects.filter(run=run).order_by("pk")
-    services.decide(staging, user=approver, approve=True)
-    services.decide(production, user=approver, approve=False, message=DENIED)
+    decide(staging, user=approver, approve=True)
+    decide(production, user=approver, approve=False, message=DENIED)
 
     # The worker builds the registered agent, whose model reads the conversation it is given.
-    outcome = services.resume(run_id=run.pk, worker_id="w1")
+    outcome = resume(run_id=run.pk, worker_id="w1")
 
     assert outcome.status == RunStatus.COMPLETED
     assert [e["environment"] for e in demo.read_effects()] == ["staging"]
@@ -269,7 +274,7 @@ def test_resume_with_tampered_ciphertext_is_refused():
     flipped = ciphertext[:20] + bytes([ciphertext[20] ^ 0x01]) + ciphertext[21:]
     Run.objects.filter(pk=run.pk).update(state_ciphertext=flipped)
 
-    outcome = services.resume(run_id=run.pk, worker_id="w1")
+    outcome = resume(run_id=run.pk, worker_id="w1")
 
     assert_refused(
         outcome,
@@ -288,7 +293,7 @@ def test_resume_with_blob_swapped_from_another_run_is_refused():
         state_ciphertext=bytes(other.state_ciphertext),
     )
 
-    outcome = services.resume(run_id=run.pk, worker_id="w1")
+    outcome = resume(run_id=run.pk, worker_id="w1")
 
     assert_refused(
         outcome, run, status=RunStatus.NEEDS_ATTENTION, reason="failed its integrity check"
@@ -299,7 +304,7 @@ def test_resume_with_unknown_key_id_is_refused():
     run, _, _ = decided_run()
     Run.objects.filter(pk=run.pk).update(state_key_id="retired-key")
 
-    outcome = services.resume(run_id=run.pk, worker_id="w1")
+    outcome = resume(run_id=run.pk, worker_id="w1")
 
     assert_refused(
         outcome,
@@ -316,7 +321,7 @@ def test_resume_with_agent_version_no_longer_deployed_is_refused(settings):
         "release": {"2": "approvals.demo.build_release_agent"},
     }
 
-    outcome = services.resume(run_id=run.pk, worker_id="w1")
+    outcome = resume(run_id=run.pk, worker_id="w1")
 
     assert_refused(
         outcome,
@@ -330,7 +335,7 @@ def test_resume_with_unsupported_schema_version_is_refused():
     run, _, _ = decided_run()
     Run.objects.filter(pk=run.pk).update(schema_version="0.9")
 
-    outcome = services.resume(run_id=run.pk, worker_id="w1")
+    outcome = resume(run_id=run.pk, worker_id="w1")
 
     assert_refused(
         outcome,
@@ -344,7 +349,7 @@ def test_resume_with_changed_argument_digest_is_refused():
     run, ticket, _ = decided_run()
     Ticket.objects.filter(pk=ticket.pk).update(arguments_digest="0" * 64)
 
-    outcome = services.resume(run_id=run.pk, worker_id="w1")
+    outcome = resume(run_id=run.pk, worker_id="w1")
 
     assert_refused(
         outcome,
@@ -358,7 +363,7 @@ def test_resume_after_approver_membership_removed_is_refused():
     run, ticket, approver = decided_run()
     Membership.objects.filter(user=approver).delete()
 
-    outcome = services.resume(run_id=run.pk, worker_id="w1")
+    outcome = resume(run_id=run.pk, worker_id="w1")
 
     assert_refused(
         outcome,
@@ -372,7 +377,7 @@ def test_resume_after_approver_downgraded_to_viewer_is_refused():
     run, ticket, approver = decided_run()
     Membership.objects.filter(user=approver).update(role=Role.VIEWER)
 
-    outcome = services.resume(run_id=run.pk, worker_id="w1")
+    outcome = resume(run_id=run.pk, worker_id="w1")
 
     assert_refused(
         outcome,
@@ -387,7 +392,7 @@ def test_resume_after_rejecter_downgraded_still_runs_the_rejection():
     run, _, approver = decided_run(approve=False, message=DENIED)
     Membership.objects.filter(user=approver).update(role=Role.VIEWER)
 
-    outcome = services.resume(run_id=run.pk, worker_id="w1")
+    outcome = resume(run_id=run.pk, worker_id="w1")
 
     assert outcome.status == RunStatus.COMPLETED
     assert demo.read_effects() == []
@@ -402,7 +407,7 @@ def test_resume_past_expiry_and_grace_is_expired(settings):
         expires_at=now - grace - timedelta(seconds=1),
     )
 
-    outcome = services.resume(run_id=run.pk, worker_id="w1")
+    outcome = resume(run_id=run.pk, worker_id="w1")
 
     assert_refused(
         outcome,
@@ -421,7 +426,7 @@ def test_resume_past_expiry_within_grace_completes(settings):
         decided_at=now - grace, expires_at=now - grace + timedelta(seconds=60)
     )
 
-    outcome = services.resume(run_id=run.pk, worker_id="w1")
+    outcome = resume(run_id=run.pk, worker_id="w1")
 
     assert outcome.status == RunStatus.COMPLETED
     assert len(demo.read_effects()) == 1
@@ -431,7 +436,7 @@ def test_resume_of_ticket_decided_after_its_expiry_is_expired():
     run, ticket, _ = decided_run()
     Ticket.objects.filter(pk=ticket.pk).update(expires_at=ticket.decided_at - timedelta(seconds=1))
 
-    outcome = services.resume(run_id=run.pk, worker_id="w1")
+    outcome = resume(run_id=run.pk, worker_id="w1")
 
     assert_refused(
         outcome,
@@ -467,7 +472,7 @@ def test_resume_with_effect_in_doubt_waits_for_a_person():
     run, ticket, _ = decided_run()
     ledger_record(run, ticket, status=LedgerStatus.CLAIMED)
 
-    outcome = services.resume(run_id=run.pk, worker_id="w1")
+    outcome = resume(run_id=run.pk, worker_id="w1")
 
     run.refresh_from_db()
     assert outcome.status == RunStatus.NEEDS_ATTENTION
@@ -484,7 +489,7 @@ def test_resume_with_effect_already_done_returns_the_stored_result():
     stored = "Release 2026.07.24 is live on production (recorded by an earlier attempt)."
     ledger_record(run, ticket, status=LedgerStatus.DONE, result=stored)
 
-    outcome = services.resume(run_id=run.pk, worker_id="w1")
+    outcome = resume(run_id=run.pk, worker_id="w1")
 
     run.refresh_from_db()
     assert outcome.status == RunStatus.COMPLETED
@@ -525,9 +530,9 @@ def test_resume_writes_to_the_same_session(tmp_path, monkeypatch):
         "user",
         "function_call",
     ]
-    services.decide(Ticket.objects.get(run=run), user=member(tenant), approve=True)
+    decide(Ticket.objects.get(run=run), user=member(tenant), approve=True)
 
-    assert services.resume(run_id=run.pk, worker_id="w1").status == RunStatus.COMPLETED
+    assert resume(run_id=run.pk, worker_id="w1").status == RunStatus.COMPLETED
 
     reader = SQLiteSession("conv-781", tmp_path / "sessions.db")
     try:
@@ -553,11 +558,11 @@ def test_resume_pausing_again_leaves_the_restored_deploy_token_out(monkeypatch):
     monkeypatch.setenv("RELEASE_DEPLOY_TOKEN", token)
     run, _, _ = decided_run(prompt=TWO_ENVIRONMENTS)
 
-    outcome = services.resume(run_id=run.pk, worker_id="w1")
+    outcome = resume(run_id=run.pk, worker_id="w1")
 
     run.refresh_from_db()
     assert outcome.status == RunStatus.PAUSED
-    state = services.open_state(run)
+    state = open_state(run)
     assert state["context"]["context"] == {}
     assert token not in json.dumps(state)
     assert token not in json.dumps(list(AuditEvent.objects.values()), default=str)

@@ -12,8 +12,12 @@ from agents import Runner
 from agents.extensions.memory import RedisSession
 from agents.memory import SQLiteSession
 
-from approvals import demo, registry, services
+from approvals import demo
+from approvals.decisions.decide import decide
+from approvals.execution import registry
 from approvals.models import RunStatus, Ticket
+from approvals.runs.pause import pause_run
+from approvals.runs.resume import resume
 from tests.factories import TenantFactory, member, paused_run
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -50,16 +54,14 @@ def _paused_run_in_redis(tenant, session_id: str, prefix: str):
             await session.close()
 
     session, result = asyncio.run(first_turn())
-    return services.pause_run(
-        result, tenant=tenant, agent_key="release", agent_version="1", session=session
-    )
+    return pause_run(result, tenant=tenant, agent_key="release", agent_version="1", session=session)
 
 
 def _approve_and_resume(run):
     tenant = run.tenant
     approver = member(tenant, "approver")
-    services.decide(Ticket.objects.get(run=run), user=approver, approve=True)
-    return services.resume(run_id=run.pk, worker_id="test-worker")
+    decide(Ticket.objects.get(run=run), user=approver, approve=True)
+    return resume(run_id=run.pk, worker_id="test-worker")
 
 
 def test_resume_writes_to_the_session_it_paused_with(tmp_path):
@@ -153,7 +155,7 @@ def test_resume_with_an_unreachable_session_waits_instead_of_starting_empty(sett
     assert demo.read_effects() == []
 
     settings.REDIS_URL = REDIS_TEST_URL
-    retried = services.resume(run_id=run.pk, worker_id="test-worker")
+    retried = resume(run_id=run.pk, worker_id="test-worker")
 
     assert retried.status == RunStatus.COMPLETED
     assert len(demo.read_effects()) == 1

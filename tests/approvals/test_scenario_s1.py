@@ -17,8 +17,13 @@ from agents.memory import SQLiteSession
 from agents.run_state import CURRENT_SCHEMA_VERSION
 from agents.testing import ModelStep, ScriptedModel, assistant_message, function_call
 
-from approvals import demo, ledger, services
+from approvals import demo
+from approvals.decisions.decide import decide
+from approvals.execution import ledger
+from approvals.execution.state import SecretInContextError, open_state
 from approvals.models import AuditEvent, Run, RunStatus, Ticket, TicketStatus
+from approvals.runs.pause import pause_run
+from approvals.runs.resume import resume
 from tests.factories import TenantFactory, member, run_agent
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -45,9 +50,7 @@ def described(interruptions) -> list[tuple[str, str, str]]:
 
 
 def store(result, tenant, **kwargs) -> tuple[Run, Ticket]:
-    run = services.pause_run(
-        result, tenant=tenant, agent_key="invoice", agent_version="1", **kwargs
-    )
+    run = pause_run(result, tenant=tenant, agent_key="invoice", agent_version="1", **kwargs)
     return run, Ticket.objects.get(run=run)
 
 
@@ -237,7 +240,7 @@ def test_s1_running_the_prompt_again_is_a_new_run_and_keeps_the_stored_ticket(mo
 def test_s1_running_the_prompt_again_does_not_consume_an_approval():
     tenant = TenantFactory()
     run, ticket = store(run_agent("invoice", PROMPT), tenant, requested_by=member(tenant, "viewer"))
-    services.decide(ticket, user=member(tenant), approve=True)
+    decide(ticket, user=member(tenant), approve=True)
 
     again = run_agent("invoice", PROMPT)
 
@@ -246,7 +249,7 @@ def test_s1_running_the_prompt_again_does_not_consume_an_approval():
     assert Ticket.objects.get(pk=ticket.pk).status == TicketStatus.APPROVED
     assert Run.objects.get(pk=run.pk).status == RunStatus.QUEUED
     # The stored decision is still there for the stored run, and used once.
-    assert services.resume(run_id=run.pk, worker_id="w1").status == RunStatus.COMPLETED
+    assert resume(run_id=run.pk, worker_id="w1").status == RunStatus.COMPLETED
     assert [e["invoice_id"] for e in demo.read_effects()] == ["INV-781"]
 
 
@@ -259,7 +262,7 @@ def test_s1_secret_in_the_app_context_does_not_reach_storage():
     # The SDK's payload carries the context as it is.
     assert SECRET in result.to_state().to_string()
 
-    with pytest.raises(services.SecretInContextError, match=r"context\.api_key \(key name\)"):
+    with pytest.raises(SecretInContextError, match=r"context\.api_key \(key name\)"):
         store(result, tenant)
 
     assert Run.objects.count() == 0
@@ -278,7 +281,7 @@ def test_s1_secret_left_out_by_a_serializer_is_not_stored():
     )
 
     run.refresh_from_db()
-    state = services.open_state(run)
+    state = open_state(run)
     assert state["context"]["context"] == {"customer": "acme"}
     assert SECRET not in json.dumps(state)
     assert SECRET.encode() not in bytes(run.state_ciphertext)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from approvals import demo, services
+from approvals import demo
+from approvals.decisions.decide import decide
 from approvals.models import AuditEvent, IdempotencyRecord, Run, RunStatus, Ticket, TicketStatus
+from approvals.runs.resume import resume
 from tests.factories import TenantFactory, member, paused_run
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -25,10 +27,10 @@ def test_pause_run_approve_then_resume_runs_the_tool_once(effect_log):
     assert ticket.status == TicketStatus.PENDING
     assert demo.MODEL_CALLS["release"] == 1
 
-    services.decide(ticket, user=approver, approve=True)
+    decide(ticket, user=approver, approve=True)
     assert Run.objects.get(pk=run.pk).status == RunStatus.QUEUED
 
-    outcome = services.resume(run_id=run.pk, worker_id="w1")
+    outcome = resume(run_id=run.pk, worker_id="w1")
 
     assert outcome.status == RunStatus.COMPLETED
     assert len(demo.read_effects("deploy_release")) == 1

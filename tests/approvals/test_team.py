@@ -7,8 +7,11 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from approvals import live, services, team
-from approvals.audit import verify_chain
+from approvals.audit.chain import verify_chain
+from approvals.decisions import batch, claims, comments
+from approvals.decisions.decide import decide
+from approvals.decisions.errors import NotAllowedError, TicketNotFoundError
+from approvals.live import hints as live
 from approvals.models import (
     CLAIM_LAPSE,
     AuditEvent,
@@ -19,6 +22,7 @@ from approvals.models import (
     Ticket,
     TicketStatus,
 )
+from approvals.policies.versions import save_policy
 from tests.factories import TenantFactory, member, paused_run
 
 pytestmark = pytest.mark.django_db
@@ -76,7 +80,7 @@ def test_claim_records_who_and_when_and_audits(tenant, requester, hints):
     ticket = pending_ticket(tenant, requested_by=requester)
     alice = member(tenant, Role.APPROVER, username="alice")
 
-    claimed = team.claim(ticket, user=alice)
+    claimed = claims.claim(ticket, user=alice)
 
     assert claimed.claimed_by == alice
     assert claimed.claim_is_active is True
@@ -95,11 +99,11 @@ def test_claim_by_someone_else_is_refused_with_who_and_since_when(tenant, reques
     ticket = pending_ticket(tenant, requested_by=requester)
     alice = member(tenant, Role.APPROVER, username="alice")
     bob = member(tenant, Role.APPROVER, username="bob")
-    team.claim(ticket, user=alice)
+    claims.claim(ticket, user=alice)
     seq = Tenant.objects.get(pk=tenant.pk).audit_seq
 
-    with pytest.raises(team.ClaimConflictError) as refused:
-        team.claim(ticket, user=bob)
+    with pytest.raises(claims.ClaimConflictError) as refused:
+        claims.claim(ticket, user=bob)
 
     ticket.refresh_from_db()
     assert str(refused.value) == (
@@ -113,9 +117,9 @@ def test_claim_take_over_is_allowed_and_names_the_previous_claimant(tenant, requ
     ticket = pending_ticket(tenant, requested_by=requester)
     alice = member(tenant, Role.APPROVER, username="alice")
     bob = member(tenant, Role.ADMIN, username="bob")
-    team.claim(ticket, user=alice)
+    claims.claim(ticket, user=alice)
 
-    claimed = team.claim(ticket, user=bob, take_over=True)
+    claimed = claims.claim(ticket, user=bob, take_over=True)
 
     assert claimed.claimed_by == bob
     event = AuditEvent.objects.filter(tenant=tenant).latest("seq")
@@ -130,14 +134,14 @@ def test_claim_that_lapsed_is_free_to_take(tenant, requester):
     ticket = pending_ticket(tenant, requested_by=requester)
     alice = member(tenant, Role.APPROVER, username="alice")
     bob = member(tenant, Role.APPROVER, username="bob")
-    team.claim(ticket, user=alice)
+    claims.claim(ticket, user=alice)
     Ticket.objects.filter(pk=ticket.pk).update(
         claimed_at=timezone.now() - CLAIM_LAPSE - timedelta(seconds=1)
     )
     ticket.refresh_from_db()
     assert ticket.claim_is_active is False
 
-    claimed = team.claim(ticket, user=bob)
+    claimed = claims.claim(ticket, user=bob)
 
     assert claimed.claimed_by == bob
     assert AuditEvent.objects.filter(tenant=tenant).latest("seq").detail == {}
@@ -146,10 +150,10 @@ def test_claim_that_lapsed_is_free_to_take(tenant, requester):
 def test_claim_again_by_the_same_person_renews_without_a_new_event(tenant, requester, hints):
     ticket = pending_ticket(tenant, requested_by=requester)
     alice = member(tenant, Role.APPROVER, username="alice")
-    first = team.claim(ticket, user=alice).claimed_at
+    first = claims.claim(ticket, user=alice).claimed_at
     count = AuditEvent.objects.filter(tenant=tenant).count()
 
-    again = team.claim(ticket, user=alice)
+    again = claims.claim(ticket, user=alice)
 
     assert again.claimed_at >= first
     assert AuditEvent.objects.filter(tenant=tenant).count() == count
@@ -160,20 +164,20 @@ def test_claim_refused_for_a_viewer_and_for_another_tenant(tenant, requester):
     ticket = pending_ticket(tenant, requested_by=requester)
     outsider = member(TenantFactory(slug="other"), Role.ADMIN, username="outsider")
 
-    with pytest.raises(services.NotAllowedError):
-        team.claim(ticket, user=requester)
-    with pytest.raises(services.TicketNotFoundError):
-        team.claim(ticket, user=outsider)
+    with pytest.raises(NotAllowedError):
+        claims.claim(ticket, user=requester)
+    with pytest.raises(TicketNotFoundError):
+        claims.claim(ticket, user=outsider)
 
     assert Ticket.objects.get(pk=ticket.pk).claimed_by is None
 
 
 def test_claim_refused_on_a_decided_ticket(tenant, requester):
     ticket = pending_ticket(tenant, requested_by=requester)
-    services.decide(ticket, user=member(tenant, Role.APPROVER, username="bob"), approve=False)
+    decide(ticket, user=member(tenant, Role.APPROVER, username="bob"), approve=False)
 
-    with pytest.raises(team.NotClaimableError) as refused:
-        team.claim(ticket, user=member(tenant, Role.APPROVER, username="alice"))
+    with pytest.raises(claims.NotClaimableError) as refused:
+        claims.claim(ticket, user=member(tenant, Role.APPROVER, username="alice"))
 
     assert str(refused.value) == "this ticket is rejected, so there is nothing to claim"
 
@@ -181,9 +185,9 @@ def test_claim_refused_on_a_decided_ticket(tenant, requester):
 def test_release_clears_the_claim_and_audits(tenant, requester, hints):
     ticket = pending_ticket(tenant, requested_by=requester)
     alice = member(tenant, Role.APPROVER, username="alice")
-    team.claim(ticket, user=alice)
+    claims.claim(ticket, user=alice)
 
-    released = team.release(ticket, user=alice)
+    released = claims.release(ticket, user=alice)
 
     assert (released.claimed_by, released.claimed_at) == (None, None)
     assert actions(tenant)[-2:] == ["ticket.claimed", "ticket.released"]
@@ -193,10 +197,10 @@ def test_release_clears_the_claim_and_audits(tenant, requester, hints):
 def test_release_of_someone_elses_claim_is_refused(tenant, requester):
     ticket = pending_ticket(tenant, requested_by=requester)
     alice = member(tenant, Role.APPROVER, username="alice")
-    team.claim(ticket, user=alice)
+    claims.claim(ticket, user=alice)
 
-    with pytest.raises(team.NotClaimableError):
-        team.release(ticket, user=member(tenant, Role.APPROVER, username="bob"))
+    with pytest.raises(claims.NotClaimableError):
+        claims.release(ticket, user=member(tenant, Role.APPROVER, username="bob"))
 
     assert Ticket.objects.get(pk=ticket.pk).claimed_by == alice
 
@@ -204,9 +208,9 @@ def test_release_of_someone_elses_claim_is_refused(tenant, requester):
 def test_decision_clears_the_claim(tenant, requester):
     ticket = pending_ticket(tenant, requested_by=requester)
     alice = member(tenant, Role.APPROVER, username="alice")
-    team.claim(ticket, user=alice)
+    claims.claim(ticket, user=alice)
 
-    services.decide(ticket, user=member(tenant, Role.APPROVER, username="bob"), approve=True)
+    decide(ticket, user=member(tenant, Role.APPROVER, username="bob"), approve=True)
 
     ticket = Ticket.objects.get(pk=ticket.pk)
     assert (ticket.status, ticket.claimed_by, ticket.claimed_at) == (
@@ -219,9 +223,9 @@ def test_decision_clears_the_claim(tenant, requester):
 def test_live_hint_kind_for_team_events_is_ticket_changed(tenant, requester):
     ticket = pending_ticket(tenant, requested_by=requester)
     alice = member(tenant, Role.APPROVER, username="alice")
-    team.claim(ticket, user=alice)
-    team.comment(ticket, user=alice, text="looking")
-    team.release(ticket, user=alice)
+    claims.claim(ticket, user=alice)
+    comments.comment(ticket, user=alice, text="looking")
+    claims.release(ticket, user=alice)
 
     events = AuditEvent.objects.filter(tenant=tenant, action__startswith="ticket.").exclude(
         action="ticket.created"
@@ -238,7 +242,7 @@ def test_comment_is_an_audit_event_and_the_chain_verifies(tenant, requester, hin
     ticket = pending_ticket(tenant, requested_by=requester)
     auditor = member(tenant, Role.AUDITOR, username="carol")
 
-    event = team.comment(ticket, user=auditor, text="  Is staging green?  ")
+    event = comments.comment(ticket, user=auditor, text="  Is staging green?  ")
 
     assert (event.action, event.actor_name, event.ticket_id, event.run_id, event.detail) == (
         "ticket.commented",
@@ -247,7 +251,7 @@ def test_comment_is_an_audit_event_and_the_chain_verifies(tenant, requester, hin
         ticket.run_id,
         {"text": "Is staging green?"},
     )
-    assert team.comments(ticket) == [event]
+    assert comments.comments(ticket) == [event]
     assert hints == [(tenant.pk, "ticket.changed", {"ticket": ticket.pk, "run": ticket.run_id})]
     assert verify_chain(tenant).ok
 
@@ -257,7 +261,7 @@ def test_comment_masks_a_pasted_secret_and_keeps_the_rest(tenant, requester):
     alice = member(tenant, Role.APPROVER, username="alice")
     secret = "sk-" + "a1B2c3D4e5F6g7H8i9J0" * 2
 
-    event = team.comment(ticket, user=alice, text=f"use key {secret} for the deploy")
+    event = comments.comment(ticket, user=alice, text=f"use key {secret} for the deploy")
 
     stored = AuditEvent.objects.get(pk=event.pk).detail["text"]
     assert stored == "use key [redacted] for the deploy"
@@ -269,18 +273,18 @@ def test_comment_masks_a_whole_private_key_block(tenant, requester):
     alice = member(tenant, Role.APPROVER, username="alice")
     key = "-----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEA\n-----END RSA PRIVATE KEY-----"
 
-    event = team.comment(ticket, user=alice, text=f"here:\n{key}\nthanks")
+    event = comments.comment(ticket, user=alice, text=f"here:\n{key}\nthanks")
 
     assert event.detail == {"text": "here:\n[redacted]\nthanks"}
 
 
-@pytest.mark.parametrize("text", ["", "   ", "x" * (team.MAX_COMMENT_CHARS + 1)])
+@pytest.mark.parametrize("text", ["", "   ", "x" * (comments.MAX_COMMENT_CHARS + 1)])
 def test_comment_empty_or_too_long_is_refused(tenant, requester, text):
     ticket = pending_ticket(tenant, requested_by=requester)
     count = AuditEvent.objects.count()
 
-    with pytest.raises(team.CommentError):
-        team.comment(ticket, user=member(tenant, Role.APPROVER), text=text)
+    with pytest.raises(comments.CommentError):
+        comments.comment(ticket, user=member(tenant, Role.APPROVER), text=text)
 
     assert AuditEvent.objects.count() == count
 
@@ -289,22 +293,22 @@ def test_comment_by_a_viewer_or_another_tenant_is_refused(tenant, requester):
     ticket = pending_ticket(tenant, requested_by=requester)
     outsider = member(TenantFactory(slug="other"), Role.ADMIN, username="outsider")
 
-    with pytest.raises(services.NotAllowedError):
-        team.comment(ticket, user=requester, text="hello")
-    with pytest.raises(services.TicketNotFoundError):
-        team.comment(ticket, user=outsider, text="hello")
+    with pytest.raises(NotAllowedError):
+        comments.comment(ticket, user=requester, text="hello")
+    with pytest.raises(TicketNotFoundError):
+        comments.comment(ticket, user=outsider, text="hello")
 
-    assert team.comments(ticket) == []
+    assert comments.comments(ticket) == []
 
 
 def test_comment_allowed_on_a_decided_ticket(tenant, requester):
     ticket = pending_ticket(tenant, requested_by=requester)
     approver = member(tenant, Role.APPROVER, username="alice")
-    services.decide(ticket, user=approver, approve=False, message="no")
+    decide(ticket, user=approver, approve=False, message="no")
 
-    event = team.comment(ticket, user=approver, text="rejected: wrong window")
+    event = comments.comment(ticket, user=approver, text="rejected: wrong window")
 
-    assert team.comments(ticket) == [event]
+    assert comments.comments(ticket) == [event]
 
 
 # --- batch decisions --------------------------------------------------------------------------
@@ -316,10 +320,10 @@ def test_batch_approve_20_where_3_were_decided_elsewhere(tenant, requester):
     bob = member(tenant, Role.APPROVER, username="bob")
     elsewhere = [tickets[2], tickets[9], tickets[15]]
     for ticket in elsewhere:
-        services.decide(ticket, user=bob, approve=False, message="not today")
+        decide(ticket, user=bob, approve=False, message="not today")
 
     # The batch was picked from a page drawn before bob decided: it names all 20.
-    outcomes = team.decide_batch([t.pk for t in tickets], user=approver, approve=True)
+    outcomes = batch.decide_batch([t.pk for t in tickets], user=approver, approve=True)
 
     done = [o.ticket.pk for o in outcomes if o.done]
     refused = {o.ticket.pk: o.result for o in outcomes if not o.done}
@@ -344,8 +348,8 @@ def test_batch_mixing_tools_is_refused_with_nothing_written(tenant, requester):
     )
     seq = Tenant.objects.get(pk=tenant.pk).audit_seq
 
-    with pytest.raises(team.BatchError) as refused:
-        team.decide_batch(
+    with pytest.raises(batch.BatchError) as refused:
+        batch.decide_batch(
             [release.pk, invoice.pk], user=member(tenant, Role.APPROVER), approve=True
         )
 
@@ -363,7 +367,7 @@ def test_batch_self_approval_is_reported_per_ticket(tenant, requester):
         tenant, requested_by=approver, prompt="Deploy release 2026.08.01 to staging"
     )
 
-    outcomes = team.decide_batch([others[0].pk, own.pk, others[1].pk], user=approver, approve=True)
+    outcomes = batch.decide_batch([others[0].pk, own.pk, others[1].pk], user=approver, approve=True)
 
     assert [(o.ticket.pk, o.done, o.result) for o in outcomes] == [
         (others[0].pk, True, "approved"),
@@ -375,13 +379,11 @@ def test_batch_self_approval_is_reported_per_ticket(tenant, requester):
 
 def test_batch_approval_that_only_counts_towards_a_quorum_is_reported_as_a_vote(tenant, requester):
     admin = member(tenant, Role.ADMIN, username="boss")
-    services.save_policy(
-        tenant=tenant, user=admin, tool_name="deploy_release", required_approvals=2
-    )
+    save_policy(tenant=tenant, user=admin, tool_name="deploy_release", required_approvals=2)
     tickets = releases(tenant, 2, requested_by=requester)
     alice = member(tenant, Role.APPROVER, username="alice")
 
-    outcomes = team.decide_batch([t.pk for t in tickets], user=alice, approve=True)
+    outcomes = batch.decide_batch([t.pk for t in tickets], user=alice, approve=True)
 
     assert [(o.done, o.result) for o in outcomes] == [
         (False, "Approval recorded, 1 of 2 approvals: alice."),
@@ -389,14 +391,14 @@ def test_batch_approval_that_only_counts_towards_a_quorum_is_reported_as_a_vote(
     ]
     assert set(Ticket.objects.values_list("status", flat=True)) == {TicketStatus.PENDING}
     bob = member(tenant, Role.APPROVER, username="bob")
-    second = team.decide_batch([t.pk for t in tickets], user=bob, approve=True)
+    second = batch.decide_batch([t.pk for t in tickets], user=bob, approve=True)
     assert [(o.done, o.result) for o in second] == [(True, "approved"), (True, "approved")]
 
 
 def test_batch_reject_sends_the_message_to_each(tenant, requester):
     tickets = releases(tenant, 3, requested_by=requester)
 
-    outcomes = team.decide_batch(
+    outcomes = batch.decide_batch(
         [t.pk for t in tickets], user=member(tenant, Role.ADMIN), approve=False, message="freeze"
     )
 
@@ -410,7 +412,7 @@ def test_batch_expired_ticket_is_reported(tenant, requester):
     tickets = releases(tenant, 2, requested_by=requester)
     Ticket.objects.filter(pk=tickets[0].pk).update(expires_at=timezone.now() - timedelta(seconds=1))
 
-    outcomes = team.decide_batch(
+    outcomes = batch.decide_batch(
         [t.pk for t in tickets], user=member(tenant, Role.ADMIN), approve=True
     )
 
@@ -423,7 +425,7 @@ def test_batch_expired_ticket_is_reported(tenant, requester):
 def test_batch_by_a_viewer_is_not_allowed_per_ticket(tenant, requester):
     tickets = releases(tenant, 2, requested_by=requester)
 
-    outcomes = team.decide_batch([t.pk for t in tickets], user=requester, approve=False)
+    outcomes = batch.decide_batch([t.pk for t in tickets], user=requester, approve=False)
 
     assert [(o.done, o.result) for o in outcomes] == [
         (False, "The viewer role cannot decide tickets.")
@@ -436,25 +438,25 @@ def test_batch_naming_another_tenants_ticket_is_refused_whole(tenant, requester)
     other = TenantFactory(slug="other")
     theirs = pending_ticket(other, requested_by=member(other, Role.VIEWER))
 
-    with pytest.raises(team.BatchError) as refused:
-        team.decide_batch([mine.pk, theirs.pk], user=member(tenant, Role.ADMIN), approve=False)
+    with pytest.raises(batch.BatchError) as refused:
+        batch.decide_batch([mine.pk, theirs.pk], user=member(tenant, Role.ADMIN), approve=False)
 
     assert str(refused.value) == f"no such ticket: #{theirs.pk}"
     assert Ticket.objects.filter(status=TicketStatus.PENDING).count() == 2
 
 
 def test_batch_over_the_cap_or_empty_is_refused():
-    with pytest.raises(team.BatchError, match="at most 100 tickets; 101 were selected"):
-        team.decide_batch(list(range(1, 102)), user=None, approve=True)
-    with pytest.raises(team.BatchError, match="select at least one ticket"):
-        team.decide_batch([], user=None, approve=True)
+    with pytest.raises(batch.BatchError, match="at most 100 tickets; 101 were selected"):
+        batch.decide_batch(list(range(1, 102)), user=None, approve=True)
+    with pytest.raises(batch.BatchError, match="select at least one ticket"):
+        batch.decide_batch([], user=None, approve=True)
 
 
 def test_batch_approval_refuses_a_ticket_whose_digest_does_not_verify(tenant, requester):
     tickets = releases(tenant, 2, requested_by=requester)
     Ticket.objects.filter(pk=tickets[0].pk).update(arguments_digest="0" * 64)
 
-    outcomes = team.decide_batch(
+    outcomes = batch.decide_batch(
         [t.pk for t in tickets], user=member(tenant, Role.ADMIN), approve=True
     )
 

@@ -15,9 +15,9 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils.html import escape
 
-from approvals import audit
+from approvals.audit import chain as audit
+from approvals.audit.history import EXPORT_FIELDS
 from approvals.models import AuditEvent, Role
-from approvals.views import EXPORT_FIELDS
 from tests.factories import TenantFactory, member
 
 pytestmark = pytest.mark.django_db

@@ -7,8 +7,9 @@ from django.core.cache import cache
 from django.db import transaction
 from django.urls import reverse
 
-from approvals import audit, views
+from approvals.audit import chain as audit
 from approvals.models import Role
+from approvals.views import audit as audit_views
 from tests.factories import TenantFactory, member
 
 pytestmark = pytest.mark.django_db
@@ -28,7 +29,7 @@ def _history(tenant, events: int) -> None:
 
 
 def test_audit_page_defers_a_long_chain_to_the_chains_fragment(client, monkeypatch):
-    monkeypatch.setattr(views, "CHAIN_INLINE_EVENTS", 2)
+    monkeypatch.setattr(audit_views, "CHAIN_INLINE_EVENTS", 2)
     tenant = TenantFactory(slug="acme")
     _history(tenant, 3)
     client.force_login(member(tenant, Role.AUDITOR))

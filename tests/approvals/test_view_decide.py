@@ -1,4 +1,4 @@
-"""The decide view: a form, one call to services.decide, and a clear 4xx for each refusal."""
+"""The decide view: a form, one call to decide(), and a clear 4xx for each refusal."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import escape
 
-from approvals import services
+from approvals.decisions.decide import decide
 from approvals.models import AuditEvent, Role, Run, RunStatus, Ticket, TicketStatus
 from tests.factories import TenantFactory, member, paused_run
 
@@ -201,7 +201,7 @@ def test_decide_requester_may_reject_own_ticket(client):
 
 def test_decide_second_decision_is_409_naming_the_first(client, setup):
     tenant, ticket, approver = setup
-    services.decide(ticket, user=approver, approve=True)
+    decide(ticket, user=approver, approve=True)
     unchanged = Unchanged(ticket)
     client.force_login(member(tenant, Role.ADMIN))
 

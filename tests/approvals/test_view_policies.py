@@ -9,7 +9,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import escape
 
-from approvals import services
+from approvals.decisions.decide import decide
 from approvals.models import (
     ApprovalPolicy,
     ApproverGroup,
@@ -19,6 +19,10 @@ from approvals.models import (
     TicketStatus,
     TicketVote,
 )
+from approvals.policies import versions
+from approvals.policies.groups import save_group
+from approvals.policies.versions import PolicyError, check_groups_exist, save_policy
+from approvals.runs.reaper import reap
 from tests.factories import TenantFactory, member, paused_run
 
 pytestmark = pytest.mark.django_db
@@ -102,7 +106,7 @@ def test_policies_saving_the_same_values_again_writes_no_version_and_keeps_appro
     client.force_login(world["admin"])
     client.post(EDIT, form())
     ticket = Ticket.objects.get(run=paused_run(world["tenant"], requested_by=world["requester"]))
-    services.decide(ticket, user=world["alice"], approve=True)
+    decide(ticket, user=world["alice"], approve=True)
 
     again = client.post(EDIT, form())
 
@@ -115,7 +119,7 @@ def test_policies_saving_the_same_values_again_writes_no_version_and_keeps_appro
 
 
 def test_policies_edit_page_starts_from_the_current_version(client, world):
-    services.save_policy(
+    save_policy(
         tenant=world["tenant"],
         user=world["admin"],
         tool_name="deploy_release",
@@ -226,7 +230,7 @@ def test_policies_get_only_views_refuse_other_methods(client, world):
 
 
 def test_ticket_page_shows_quorum_progress_and_policy_version(client, world):
-    services.save_policy(
+    save_policy(
         tenant=world["tenant"],
         user=world["admin"],
         tool_name="deploy_release",
@@ -258,15 +262,15 @@ def test_ticket_page_shows_quorum_progress_and_policy_version(client, world):
 
 
 def test_ticket_page_explains_invalidated_approvals(client, world):
-    services.save_policy(
+    save_policy(
         tenant=world["tenant"],
         user=world["admin"],
         tool_name="deploy_release",
         required_approvals=2,
     )
     ticket = ticket_for(world)
-    services.decide(ticket, user=world["alice"], approve=True)
-    services.save_policy(
+    decide(ticket, user=world["alice"], approve=True)
+    save_policy(
         tenant=world["tenant"],
         user=world["admin"],
         tool_name="deploy_release",
@@ -287,7 +291,7 @@ def test_ticket_page_explains_invalidated_approvals(client, world):
 def test_ticket_page_names_the_groups_a_member_is_not_in(client, world):
     group = ApproverGroup.objects.create(tenant=world["tenant"], name="release managers")
     group.members.add(world["alice"])
-    services.save_policy(
+    save_policy(
         tenant=world["tenant"],
         user=world["admin"],
         tool_name="deploy_release",
@@ -306,7 +310,7 @@ def test_ticket_page_names_the_groups_a_member_is_not_in(client, world):
 
 
 def test_ticket_page_shows_an_automatic_approval_with_its_rule(client, world):
-    services.save_policy(
+    save_policy(
         tenant=world["tenant"],
         user=world["admin"],
         tool_name="deploy_release",
@@ -340,7 +344,7 @@ def test_ticket_page_shows_an_automatic_approval_with_its_rule(client, world):
 def test_ticket_page_shows_the_escalation(client, world):
     group = ApproverGroup.objects.create(tenant=world["tenant"], name="on-call leads")
     group.members.add(world["bob"])
-    services.save_policy(
+    save_policy(
         tenant=world["tenant"],
         user=world["admin"],
         tool_name="deploy_release",
@@ -349,7 +353,7 @@ def test_ticket_page_shows_the_escalation(client, world):
     )
     ticket = ticket_for(world)
     Ticket.objects.filter(pk=ticket.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
-    services.reap()
+    reap()
     client.force_login(world["alice"])
 
     page = client.get(reverse("approvals:ticket", args=[ticket.pk])).content.decode()
@@ -364,7 +368,7 @@ DELETE_GROUP = reverse("approvals:group-delete")
 
 
 def _group(world, name: str) -> ApproverGroup:
-    return services.save_group(
+    return save_group(
         tenant=world["tenant"], user=world["admin"], name=name, members=[world["alice"]]
     )
 
@@ -399,9 +403,7 @@ def test_groups_delete_an_unused_group_with_its_memberships_audited(client, worl
 )
 def test_groups_delete_refuses_a_group_a_current_policy_names(client, world, values):
     _group(world, "release managers")
-    services.save_policy(
-        tenant=world["tenant"], user=world["admin"], tool_name="deploy_release", **values
-    )
+    save_policy(tenant=world["tenant"], user=world["admin"], tool_name="deploy_release", **values)
     client.force_login(world["admin"])
 
     response = client.post(
@@ -421,8 +423,8 @@ def test_groups_delete_refuses_a_group_a_current_policy_names(client, world, val
 def test_groups_delete_is_allowed_once_the_policy_stops_naming_it(client, world):
     _group(world, "release managers")
     scope = {"tenant": world["tenant"], "user": world["admin"], "tool_name": "deploy_release"}
-    services.save_policy(**scope, allowed_groups=["release managers"])
-    services.save_policy(**scope, required_approvals=2)  # v2 names no group; v1 is history
+    save_policy(**scope, allowed_groups=["release managers"])
+    save_policy(**scope, required_approvals=2)  # v2 names no group; v1 is history
     client.force_login(world["admin"])
 
     client.post(DELETE_GROUP, {"tenant": "acme", "name": "release managers"})
@@ -458,7 +460,7 @@ def test_save_policy_rechecks_groups_under_the_lock(world, monkeypatch):
     """A group deleted between the first check and the lock is still refused."""
     _group(world, "release managers")
     checks = []
-    real = services._check_groups_exist
+    real = check_groups_exist
 
     def check_then_delete(tenant, named):
         checks.append(sorted(named))
@@ -466,10 +468,10 @@ def test_save_policy_rechecks_groups_under_the_lock(world, monkeypatch):
         if len(checks) == 1:
             ApproverGroup.objects.filter(name="release managers").delete()
 
-    monkeypatch.setattr(services, "_check_groups_exist", check_then_delete)
+    monkeypatch.setattr(versions, "check_groups_exist", check_then_delete)
 
-    with pytest.raises(services.PolicyError, match="no such group: release managers"):
-        services.save_policy(
+    with pytest.raises(PolicyError, match="no such group: release managers"):
+        save_policy(
             tenant=world["tenant"],
             user=world["admin"],
             tool_name="deploy_release",
@@ -485,7 +487,7 @@ REMOVE = reverse("approvals:policy-remove")
 
 
 def test_policy_remove_from_the_edit_page(client, world):
-    services.save_policy(
+    save_policy(
         tenant=world["tenant"],
         user=world["admin"],
         tool_name="deploy_release",
@@ -525,7 +527,7 @@ def test_policy_remove_without_a_policy_says_so(client, world):
 
 
 def test_policy_remove_is_404_for_non_admins_and_405_for_get(client, world):
-    services.save_policy(
+    save_policy(
         tenant=world["tenant"],
         user=world["admin"],
         tool_name="deploy_release",

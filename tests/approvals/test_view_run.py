@@ -6,8 +6,8 @@ import pytest
 from django.urls import reverse
 from django_tasks_db.models import DBTaskResult
 
-from approvals import services
-from approvals.ledger import idempotency_key
+from approvals.decisions.decide import decide
+from approvals.execution.ledger import idempotency_key
 from approvals.models import (
     AuditEvent,
     IdempotencyRecord,
@@ -17,11 +17,12 @@ from approvals.models import (
     RunStatus,
     Ticket,
 )
+from approvals.runs.resume import resume
 from tests.factories import TenantFactory, member, paused_run
 
 pytestmark = pytest.mark.django_db
 
-TASK_PATH = "approvals.tasks.resume_run_task"
+TASK_PATH = "approvals.execution.queue.resume_run_task"
 
 
 def run_url(run: Run) -> str:
@@ -44,7 +45,7 @@ def attention_run(tenant) -> tuple[Run, IdempotencyRecord]:
     """A run whose approved effect was claimed by a worker that never confirmed it."""
     run = paused_run(tenant, requested_by=member(tenant, Role.VIEWER))
     ticket = Ticket.objects.get(run=run)
-    services.decide(ticket, user=member(tenant, Role.APPROVER), approve=True)
+    decide(ticket, user=member(tenant, Role.APPROVER), approve=True)
     record = IdempotencyRecord.objects.create(
         tenant=tenant,
         key=idempotency_key(
@@ -70,7 +71,7 @@ def attention_run(tenant) -> tuple[Run, IdempotencyRecord]:
 def test_run_timeline_labels_each_step(client):
     tenant = TenantFactory()
     run = paused_run(tenant, requested_by=member(tenant, Role.VIEWER))
-    services.decide(Ticket.objects.get(run=run), user=member(tenant), approve=True)
+    decide(Ticket.objects.get(run=run), user=member(tenant), approve=True)
     client.force_login(member(tenant, Role.VIEWER))
 
     response = client.get(run_url(run))
@@ -102,8 +103,8 @@ def test_run_paused_links_its_pending_ticket(client):
 def test_run_shows_the_final_output_after_a_resume(client):
     tenant = TenantFactory()
     run = paused_run(tenant, requested_by=member(tenant, Role.VIEWER))
-    services.decide(Ticket.objects.get(run=run), user=member(tenant), approve=True)
-    services.resume(run_id=run.pk, worker_id="w1")
+    decide(Ticket.objects.get(run=run), user=member(tenant), approve=True)
+    resume(run_id=run.pk, worker_id="w1")
     client.force_login(member(tenant, Role.VIEWER))
 
     response = client.get(run_url(run))

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from django.urls import reverse
 
-from approvals import services, team
+from approvals.decisions import claims, comments
+from approvals.decisions.decide import decide
 from approvals.models import AuditEvent, Role, Tenant, Ticket, TicketStatus
 from tests.factories import TenantFactory, member, paused_run
 
@@ -68,7 +69,7 @@ def test_claim_without_htmx_redirects_to_the_ticket(client, tenant, ticket):
 
 
 def test_claim_shown_to_others_on_the_ticket_and_the_queue(client, tenant, ticket):
-    team.claim(ticket, user=member(tenant, Role.APPROVER, username="alice"))
+    claims.claim(ticket, user=member(tenant, Role.APPROVER, username="alice"))
     client.force_login(member(tenant, Role.APPROVER, username="bob"))
 
     ticket_page = page(client, ticket).content.decode()
@@ -83,7 +84,7 @@ def test_claim_shown_to_others_on_the_ticket_and_the_queue(client, tenant, ticke
 
 
 def test_claim_conflict_answers_409_with_who_and_since(client, tenant, ticket):
-    team.claim(ticket, user=member(tenant, Role.APPROVER, username="alice"))
+    claims.claim(ticket, user=member(tenant, Role.APPROVER, username="alice"))
     client.force_login(member(tenant, Role.APPROVER, username="bob"))
 
     response = client.post(claim_url(ticket), {"action": "claim"}, headers=HTMX)
@@ -98,7 +99,7 @@ def test_claim_conflict_answers_409_with_who_and_since(client, tenant, ticket):
 
 
 def test_claim_take_over_and_release(client, tenant, ticket):
-    team.claim(ticket, user=member(tenant, Role.APPROVER, username="alice"))
+    claims.claim(ticket, user=member(tenant, Role.APPROVER, username="alice"))
     bob = member(tenant, Role.APPROVER, username="bob")
     client.force_login(bob)
 
@@ -191,8 +192,8 @@ def test_comment_without_htmx_redirects_to_the_discussion(client, tenant, ticket
 
 
 def test_comments_shown_in_time_order_to_a_viewer_who_cannot_write(client, tenant, ticket):
-    team.comment(ticket, user=member(tenant, Role.APPROVER, username="alice"), text="first")
-    team.comment(ticket, user=member(tenant, Role.AUDITOR, username="carol"), text="second")
+    comments.comment(ticket, user=member(tenant, Role.APPROVER, username="alice"), text="first")
+    comments.comment(ticket, user=member(tenant, Role.AUDITOR, username="carol"), text="second")
     client.force_login(member(tenant, Role.VIEWER, username="vera"))
 
     body = page(client, ticket).content.decode()
@@ -220,7 +221,7 @@ def test_comment_by_a_viewer_is_403_and_stores_nothing(client, tenant, ticket):
     [
         ("", "Write something first."),
         ("   ", "Write something first."),
-        ("x" * (team.MAX_COMMENT_CHARS + 1), "Ensure this value has at most 2000 characters"),
+        ("x" * (comments.MAX_COMMENT_CHARS + 1), "Ensure this value has at most 2000 characters"),
     ],
 )
 @pytest.mark.parametrize("htmx", [False, True], ids=["form", "htmx"])
@@ -235,7 +236,9 @@ def test_comment_empty_or_too_long_is_a_form_error(client, tenant, ticket, text,
 
 
 def test_comment_appears_in_the_audit_history_and_its_export(client, tenant, ticket):
-    team.comment(ticket, user=member(tenant, Role.APPROVER, username="alice"), text="Looks fine")
+    comments.comment(
+        ticket, user=member(tenant, Role.APPROVER, username="alice"), text="Looks fine"
+    )
     client.force_login(member(tenant, Role.AUDITOR))
 
     history = client.get(reverse("approvals:audit"), {"action": "ticket.commented"})
@@ -263,7 +266,7 @@ def releases(tenant, count: int, requested_by) -> list[Ticket]:
 def test_batch_approve_reports_each_ticket(client, tenant):
     requester = member(tenant, Role.VIEWER, username="requester")
     tickets = releases(tenant, 4, requester)
-    services.decide(tickets[1], user=member(tenant, Role.APPROVER, username="bob"), approve=False)
+    decide(tickets[1], user=member(tenant, Role.APPROVER, username="bob"), approve=False)
     client.force_login(member(tenant, Role.APPROVER, username="alice"))
 
     response = client.post(
@@ -380,7 +383,7 @@ def test_queue_with_claims_stays_at_the_same_number_of_queries(
     requester = member(tenant, Role.VIEWER, username="requester")
     alice = member(tenant, Role.APPROVER, username="alice")
     for ticket in releases(tenant, 3, requester):
-        team.claim(ticket, user=alice)
+        claims.claim(ticket, user=alice)
     client.force_login(member(tenant, Role.APPROVER))
     client.get(reverse("approvals:queue"))
 

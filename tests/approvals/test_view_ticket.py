@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from django.urls import reverse
 
-from approvals import services
 from approvals.core.presenters import ArgRow, Change
+from approvals.decisions.decide import decide
 from approvals.models import Role, Ticket
 from tests.factories import TenantFactory, member, paused_run
 
@@ -78,7 +78,7 @@ def test_ticket_diff_against_the_last_approved_call_of_the_same_tool(client):
     requester = member(tenant, Role.VIEWER)
     approver = member(tenant, Role.APPROVER)
     earlier = pending_ticket(tenant, requested_by=requester)
-    services.decide(earlier, user=approver, approve=True)
+    decide(earlier, user=approver, approve=True)
     ticket = pending_ticket(
         tenant, requested_by=requester, prompt="Deploy release 2026.07.25 to production"
     )
@@ -96,7 +96,7 @@ def test_ticket_diff_against_the_last_approved_call_of_the_same_tool(client):
 def test_ticket_diff_ignores_approvals_in_another_tenant(client):
     tenant, other = TenantFactory(), TenantFactory()
     foreign = pending_ticket(other, requested_by=member(other, Role.VIEWER))
-    services.decide(foreign, user=member(other, Role.APPROVER), approve=True)
+    decide(foreign, user=member(other, Role.APPROVER), approve=True)
     ticket = pending_ticket(tenant, requested_by=member(tenant, Role.VIEWER))
     client.force_login(member(tenant, Role.APPROVER))
 
@@ -213,7 +213,7 @@ def test_ticket_decided_shows_who_decided(client):
     tenant = TenantFactory()
     ticket = pending_ticket(tenant, requested_by=member(tenant, Role.VIEWER))
     approver = member(tenant, Role.APPROVER, username="carol")
-    services.decide(ticket, user=approver, approve=False, message="Not today.")
+    decide(ticket, user=approver, approve=False, message="Not today.")
     client.force_login(approver)
 
     response = page(client, ticket)

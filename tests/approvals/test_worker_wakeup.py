@@ -7,7 +7,9 @@ import time
 import pytest
 from django.db import connection
 
-from approvals import demo, services
+from approvals import demo
+from approvals.decisions.decide import decide
+from approvals.execution.queue import WAKE_CHANNEL
 from approvals.models import Run, RunStatus, Ticket
 from tests.factories import TenantFactory, member, paused_run
 
@@ -34,7 +36,7 @@ def test_worker_is_woken_by_the_decision_not_by_its_poll(manage_process):
     # The worker is listening once its first (empty) poll is behind it.
     assert _wait_for(lambda: worker.poll() is None and _listening(), 30), "worker never listened"
 
-    services.decide(Ticket.objects.get(run=run), user=member(tenant, "approver"), approve=True)
+    decide(Ticket.objects.get(run=run), user=member(tenant, "approver"), approve=True)
 
     # Far sooner than the poll interval: only the notification can have woken it.
     assert _wait_for(
@@ -48,6 +50,6 @@ def _listening() -> bool:
         cursor.execute(
             "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
             "AND query = %s",
-            [f"LISTEN {services.WAKE_CHANNEL}"],
+            [f"LISTEN {WAKE_CHANNEL}"],
         )
         return cursor.fetchone()[0] > 0

@@ -17,7 +17,12 @@ from django.db import connection
 from django.utils import timezone
 from django_tasks_db.models import DBTaskResult
 
-from approvals import audit, demo, services
+from approvals import demo
+from approvals.audit import chain as audit
+from approvals.decisions.decide import decide
+from approvals.decisions.errors import AlreadyDecidedError, TicketExpiredError
+from approvals.execution.queue import resume_run_task
+from approvals.execution.state import open_state
 from approvals.models import (
     AuditEvent,
     IdempotencyRecord,
@@ -27,7 +32,8 @@ from approvals.models import (
     Ticket,
     TicketStatus,
 )
-from approvals.tasks import resume_run_task
+from approvals.runs.reaper import reap
+from approvals.runs.resume import resume
 from tests.conftest import subprocess_env
 from tests.factories import TenantFactory, member, paused_run
 
@@ -37,14 +43,14 @@ RELEASE = "2026.07.24"
 PROMPT = f"Deploy release {RELEASE} to production"
 DONE_OUTPUT = f"Release {RELEASE}: Release {RELEASE} is live on production."
 DENIED = "Deployment was denied by the release manager."
-RESUME_TASK = "approvals.tasks.resume_run_task"
+RESUME_TASK = "approvals.execution.queue.resume_run_task"
 # A process started by Popen and killed by SIGKILL reports the negative signal number.
 KILLED = -signal.SIGKILL
 # A worker process that dies after the run's lease was taken but before the tool reaches the
 # ledger: the tool's entry into the ledger kills the process, so no key is ever claimed.
 DIE_BEFORE_CLAIM = """
 import os, signal
-from approvals import ledger
+from approvals.execution import ledger
 def die(*args, **kwargs):
     os.kill(os.getpid(), signal.SIGKILL)
 ledger.perform = die
@@ -100,7 +106,7 @@ def _approved_run(*, prompt: str = PROMPT) -> tuple[Run, Ticket]:
     tenant, requester, approver = _people()
     run = paused_run(tenant, requested_by=requester, prompt=prompt)
     ticket = Ticket.objects.get(run=run)
-    services.decide(ticket, user=approver, approve=True)
+    decide(ticket, user=approver, approve=True)
     assert _resume_tasks().count() == 1
     assert demo.read_effects() == []
     return run, ticket
@@ -229,7 +235,7 @@ def test_two_approvers_deciding_at_the_same_moment_one_wins():
         try:
             ticket = Ticket.objects.get(run_id=run.pk)
             barrier.wait(timeout=10)
-            results[user.username] = services.decide(ticket, user=user, approve=True)
+            results[user.username] = decide(ticket, user=user, approve=True)
         except Exception as error:
             results[user.username] = error
         finally:
@@ -245,7 +251,7 @@ def test_two_approvers_deciding_at_the_same_moment_one_wins():
     losers = [r for r in results.values() if not isinstance(r, Ticket)]
     assert len(winners) == 1, results
     assert len(losers) == 1, results
-    assert isinstance(losers[0], services.AlreadyDecidedError), repr(losers[0])
+    assert isinstance(losers[0], AlreadyDecidedError), repr(losers[0])
     assert str(losers[0]).startswith(f"Already approved by {winners[0]} at ")
     ticket = Ticket.objects.select_related("decided_by").get(run=run)
     assert ticket.status == TicketStatus.APPROVED
@@ -284,7 +290,7 @@ def test_worker_killed_after_ledger_claim_parks_the_run_needs_attention(manage_p
     ]
 
     _wait_until(lambda: _lease_expired(run), timeout=10, what="the dead worker's lease to expire")
-    report = services.reap()
+    report = reap()
 
     assert report.requeued == [run.pk]
     assert Run.objects.get(pk=run.pk).status == RunStatus.QUEUED
@@ -326,7 +332,7 @@ def test_worker_killed_after_effect_never_repeats_it(manage_process, settings):
     ]
 
     _wait_until(lambda: _lease_expired(run), timeout=10, what="the dead worker's lease to expire")
-    assert services.reap().requeued == [run.pk]
+    assert reap().requeued == [run.pk]
 
     code, _, err = _finished(_worker(manage_process))
 
@@ -367,7 +373,7 @@ def test_worker_killed_before_ledger_claim_is_resumed_by_the_next_worker(manage_
     assert list(_resume_tasks().values_list("status", flat=True)) == ["RUNNING"]
 
     _wait_until(lambda: _lease_expired(run), timeout=10, what="the dead worker's lease to expire")
-    assert services.reap().requeued == [run.pk]
+    assert reap().requeued == [run.pk]
     worker = _worker(manage_process)
     code, _, err = _finished(worker)
 
@@ -407,13 +413,13 @@ def test_worker_killed_while_storing_a_new_pause_leaves_the_previous_checkpoint(
     assert run.status == RunStatus.RESUMING
     assert run.state_generation == 1
     assert Ticket.objects.filter(run=run).count() == 1
-    assert services.open_state(run)["$schemaVersion"] == run.schema_version
+    assert open_state(run)["$schemaVersion"] == run.schema_version
     assert list(IdempotencyRecord.objects.values_list("status", flat=True)) == [LedgerStatus.DONE]
 
     # Expire the dead worker's lease (60 s by default) instead of waiting for it.
     Run.objects.filter(pk=run.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
-    assert services.reap().requeued == [run.pk]
-    outcome = services.resume(run_id=run.pk, worker_id="test-worker")
+    assert reap().requeued == [run.pk]
+    outcome = resume(run_id=run.pk, worker_id="test-worker")
 
     assert outcome.status == RunStatus.PAUSED
     assert [e["environment"] for e in demo.read_effects("deploy_release")] == ["staging"]
@@ -473,7 +479,7 @@ def test_reaper_expires_an_undecided_ticket_and_its_run():
     ticket = Ticket.objects.get(run=run)
     Ticket.objects.filter(pk=ticket.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
 
-    report = services.reap()
+    report = reap()
 
     assert report.expired_runs == [run.pk]
     assert Ticket.objects.get(pk=ticket.pk).status == TicketStatus.EXPIRED
@@ -481,9 +487,9 @@ def test_reaper_expires_an_undecided_ticket_and_its_run():
     assert run.status == RunStatus.EXPIRED
     assert run.status_reason == "a ticket expired before anyone decided it"
     assert _actions(run)[-2:] == ["ticket.expired", "run.expired"]
-    with pytest.raises(services.TicketExpiredError):
-        services.decide(Ticket.objects.get(pk=ticket.pk), user=approver, approve=True)
-    assert services.reap().expired_runs == []
+    with pytest.raises(TicketExpiredError):
+        decide(Ticket.objects.get(pk=ticket.pk), user=approver, approve=True)
+    assert reap().expired_runs == []
     assert _actions(run).count("ticket.expired") == 1
     assert _resume_tasks().count() == 0
     assert demo.read_effects() == []

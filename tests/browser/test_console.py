@@ -16,8 +16,10 @@ import time
 import pytest
 from django.db import connection
 
-from approvals import demo, services
+from approvals import demo
+from approvals.decisions.decide import decide
 from approvals.models import AuditEvent, Run, RunStatus, Ticket, TicketStatus
+from approvals.runs.resume import resume
 from tests.browser.conftest import TIMEOUT_MS, chromium_skip_reason, new_page, screenshot
 from tests.factories import PASSWORD, TenantFactory, member, paused_run
 
@@ -60,8 +62,8 @@ def _approved_and_completed(tenant, requester, approver, release: str) -> Run:
     run = paused_run(
         tenant, requested_by=requester, prompt=f"Deploy release {release} to production"
     )
-    services.decide(Ticket.objects.get(run=run), user=approver, approve=True)
-    services.resume(run_id=run.pk, worker_id="test-setup")
+    decide(Ticket.objects.get(run=run), user=approver, approve=True)
+    resume(run_id=run.pk, worker_id="test-setup")
     deadline = time.monotonic() + 20
     while Run.objects.get(pk=run.pk).status != RunStatus.COMPLETED:
         assert time.monotonic() < deadline, Run.objects.get(pk=run.pk).status
@@ -261,14 +263,14 @@ def test_a_change_between_render_and_socket_open_still_reaches_the_page(
     """
     tenant, requester, approver = _people()
     run = paused_run(tenant, requested_by=requester, prompt=PROMPT)
-    services.decide(_ticket(run), user=approver, approve=True)
+    decide(_ticket(run), user=approver, approve=True)
     assert Run.objects.get(pk=run.pk).status == RunStatus.QUEUED
     outcome: dict[str, object] = {}
 
     def resume_in_a_thread() -> None:
         # The ORM refuses the test's thread while Playwright's loop runs; another thread is fine.
         try:
-            outcome["status"] = services.resume(run_id=run.pk, worker_id="test-worker").status
+            outcome["status"] = resume(run_id=run.pk, worker_id="test-worker").status
         finally:
             connection.close()
 

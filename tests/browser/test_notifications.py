@@ -8,7 +8,7 @@ import threading
 import pytest
 from django.db import connection, transaction
 
-from approvals import audit
+from approvals.audit import chain as audit
 from approvals.models import AuditEvent
 from notifications import services
 from notifications.models import Delivery, DeliveryStatus

@@ -19,7 +19,9 @@ import pytest
 from django.db import connection
 from django_tasks_db.models import DBTaskResult
 
-from approvals import audit, demo, services
+from approvals import demo
+from approvals.audit import chain as audit
+from approvals.decisions.decide import decide
 from approvals.models import (
     AuditEvent,
     IdempotencyRecord,
@@ -30,6 +32,7 @@ from approvals.models import (
     TicketStatus,
 )
 from approvals.processes import ConsoleClient
+from approvals.runs.resolution import in_doubt_effects
 from tests.conftest import database_url, subprocess_env
 from tests.factories import PASSWORD, TenantFactory, member, paused_run
 from tests.faults.conftest import (
@@ -55,7 +58,8 @@ TERMINAL = {RunStatus.COMPLETED, RunStatus.NEEDS_ATTENTION, RunStatus.FAILED, Ru
 PAUSING_WORKER = """
 import os, time
 from pathlib import Path
-from approvals import demo, ledger
+from approvals import demo
+from approvals.execution import ledger
 
 flags = Path(os.environ["FAULT_FLAG_DIR"])
 
@@ -180,7 +184,7 @@ def test_connection_cut_mid_resume_leaves_the_run_to_the_reaper_and_loses_nothin
     require_postgres("pg_terminate_backend cuts one process's connection")
     tenant, requester, approver = _people()
     run = paused_run(tenant, requested_by=requester)
-    services.decide(Ticket.objects.get(run=run), user=approver, approve=True)
+    decide(Ticket.objects.get(run=run), user=approver, approve=True)
     victim = f"victim-worker-{wait_in}"
     flags = tmp_path / "flags"
     flags.mkdir()
@@ -257,7 +261,7 @@ def test_connection_cut_mid_resume_leaves_the_run_to_the_reaper_and_loses_nothin
         assert "never confirmed" in run.status_reason
         assert actions[-1] == "run.in_doubt"
         assert "effect.done" not in actions
-        assert [r.pk for r in services.in_doubt_effects(run)] == [record.pk]
+        assert [r.pk for r in in_doubt_effects(run)] == [record.pk]
     else:
         assert record.status == LedgerStatus.DONE
         assert run.status == RunStatus.COMPLETED, (run.status, run.status_reason)
@@ -285,7 +289,7 @@ def test_only_the_tools_connection_cut_after_the_effect_parks_the_run_in_needs_a
     require_postgres("pg_terminate_backend cuts one process's connection")
     tenant, requester, approver = _people()
     run = paused_run(tenant, requested_by=requester)
-    services.decide(Ticket.objects.get(run=run), user=approver, approve=True)
+    decide(Ticket.objects.get(run=run), user=approver, approve=True)
     victim = "victim-worker-tool"
     flags = tmp_path / "flags"
     flags.mkdir()
@@ -321,6 +325,6 @@ def test_only_the_tools_connection_cut_after_the_effect_parks_the_run_in_needs_a
     assert record.status == LedgerStatus.CLAIMED
     run.refresh_from_db()
     assert run.status == RunStatus.NEEDS_ATTENTION, (run.status, run.status_reason)
-    assert [r.pk for r in services.in_doubt_effects(run)] == [record.pk]
+    assert [r.pk for r in in_doubt_effects(run)] == [record.pk]
     assert "effect.done" not in _actions(run)
     assert audit.verify_chain(tenant).ok

@@ -15,9 +15,11 @@ from collections import Counter
 import pytest
 from django_tasks_db.models import DBTaskResult
 
-from approvals import audit, demo, services
+from approvals import demo
+from approvals.audit import chain as audit
+from approvals.decisions.decide import decide
+from approvals.execution.queue import resume_run_task
 from approvals.models import AuditEvent, IdempotencyRecord, LedgerStatus, Run, RunStatus, Ticket
-from approvals.tasks import resume_run_task
 from tests.conftest import subprocess_env
 from tests.factories import TenantFactory, member, paused_run
 from tests.faults.conftest import require_postgres
@@ -25,7 +27,7 @@ from tests.faults.conftest import require_postgres
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.faults, pytest.mark.slow]
 
 DELIVERIES = (2, 5, 20)
-RESUME_TASK = "approvals.tasks.resume_run_task"
+RESUME_TASK = "approvals.execution.queue.resume_run_task"
 
 
 def _release(deliveries: int) -> str:
@@ -50,7 +52,7 @@ def test_one_resume_delivered_2_5_and_20_times_to_several_workers_runs_once(
             prompt=f"Deploy release {_release(deliveries)} to production",
         )
         # The decision enqueues the first delivery; the others are duplicates of it.
-        services.decide(Ticket.objects.get(run=run), user=approver, approve=True)
+        decide(Ticket.objects.get(run=run), user=approver, approve=True)
         runs[deliveries] = run
     # Interleave the duplicates so that the workers see them mixed, as a redelivering queue would.
     for round_ in range(max(DELIVERIES)):

@@ -26,7 +26,8 @@ from collections import Counter
 
 import pytest
 
-from approvals import audit, demo
+from approvals import demo
+from approvals.audit import chain as audit
 from approvals.models import (
     AuditEvent,
     IdempotencyRecord,

@@ -20,7 +20,8 @@ import urllib.parse
 
 import pytest
 
-from approvals import audit, demo
+from approvals import demo
+from approvals.audit import chain as audit
 from approvals.models import AuditEvent, IdempotencyRecord, LedgerStatus, Run, RunStatus, Ticket
 from approvals.processes import ConsoleClient
 from tests.conftest import subprocess_env

@@ -23,8 +23,12 @@ import pytest
 from django.db import connection
 from django.test import Client
 
-from approvals import audit, demo, services
+from approvals import demo
+from approvals.audit import chain as audit
+from approvals.decisions.decide import decide
+from approvals.execution.state import SecretInContextError, open_state
 from approvals.models import AuditEvent, Run, RunStatus, Ticket, TicketStatus
+from approvals.runs.pause import pause_run
 from tests.conftest import database_url, subprocess_env
 from tests.factories import TenantFactory, member, run_agent
 
@@ -84,8 +88,8 @@ def test_secret_in_context_is_refused_at_pause_by_key_name_and_by_value_shape():
     }
     for path, context in cases.items():
         result = run_agent("release", PROMPT, context=context)
-        with pytest.raises(services.SecretInContextError) as refused:
-            services.pause_run(
+        with pytest.raises(SecretInContextError) as refused:
+            pause_run(
                 result,
                 tenant=tenant,
                 agent_key="release",
@@ -112,7 +116,7 @@ def test_secrets_left_out_by_the_serializer_reach_no_dump_state_audit_log_or_pag
         "change_ref": planted["by_shape"],
         "deploy_token": planted["deploy_token"],
     }
-    run = services.pause_run(
+    run = pause_run(
         run_agent("release", PROMPT, context=context),
         tenant=tenant,
         agent_key="release",
@@ -125,7 +129,7 @@ def test_secrets_left_out_by_the_serializer_reach_no_dump_state_audit_log_or_pag
     for environment in ("staging", "production"):
         ticket = Ticket.objects.get(run=run, status=TicketStatus.PENDING)
         assert json.loads(ticket.arguments_json)["environment"] == environment
-        services.decide(ticket, user=approver, approve=True)
+        decide(ticket, user=approver, approve=True)
         worker = manage_process("db_worker", "--batch", "--no-startup-delay", env=worker_env)
         out, err = worker.communicate(timeout=120)
         assert worker.returncode == 0, err
@@ -139,7 +143,7 @@ def test_secrets_left_out_by_the_serializer_reach_no_dump_state_audit_log_or_pag
     ], "the worker's token must reach the tool at resume (from its environment)"
 
     # The stored state, decrypted: the context kept what the serializer kept, nothing else.
-    state = services.open_state(run)
+    state = open_state(run)
     assert state["context"]["context"] == {"team": "payments"}
     assert _leaks(json.dumps(state), planted) == []
     dump = _database_dump()

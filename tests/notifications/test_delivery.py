@@ -12,7 +12,7 @@ from django.db import transaction
 from django.utils import timezone
 from django_tasks_db.models import DBTaskResult
 
-from approvals import audit
+from approvals.audit import chain as audit
 from approvals.models import AuditEvent, Role, Ticket
 from notifications import services, signing
 from notifications.models import Delivery, DeliveryStatus, Event, WebhookEndpoint

@@ -14,8 +14,10 @@ from django.db import transaction
 from django.utils import timezone
 from django_tasks_db.models import DBTaskResult
 
-from approvals import audit, services
+from approvals.audit import chain as audit
+from approvals.decisions.decide import decide
 from approvals.models import ApproverGroup, AuditEvent, Role, Ticket
+from approvals.runs.reaper import reap
 from notifications import services as notifications
 from notifications.models import EmailDelivery
 from notifications.tasks import deliver_email_task, deliver_emails_task, send_email_task
@@ -94,7 +96,7 @@ def test_email_decision_goes_to_the_requester_not_the_decider(
     ticket = Ticket.objects.get(run=run)
 
     with django_capture_on_commit_callbacks(execute=True):
-        services.decide(ticket, user=people["approver"], approve=False, message="not today")
+        decide(ticket, user=people["approver"], approve=False, message="not today")
     run_email_tasks()
 
     assert [m.to for m in mail.outbox] == [["req@example.com"]]
@@ -112,7 +114,7 @@ def test_email_expiry_reaches_the_requester_for_ticket_and_run(
     Ticket.objects.filter(run=run).update(expires_at=timezone.now() - timedelta(seconds=1))
 
     with django_capture_on_commit_callbacks(execute=True):
-        services.reap()
+        reap()
     run_email_tasks()
 
     assert [(m.to, m.subject) for m in mail.outbox] == [

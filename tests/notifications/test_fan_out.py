@@ -9,8 +9,10 @@ from django.db import transaction
 from django.utils import timezone
 from django_tasks_db.models import DBTaskResult
 
-from approvals import audit, services
+from approvals.audit import chain as audit
+from approvals.decisions.decide import decide
 from approvals.models import AuditEvent, Role, Ticket
+from approvals.runs.reaper import reap
 from notifications import services as notifications
 from notifications.events import event_for
 from notifications.models import Delivery, DeliveryStatus, Event
@@ -94,7 +96,7 @@ def test_fan_out_decision_and_run_completion_reach_the_endpoint(
     ticket = Ticket.objects.get(run=run)
 
     with django_capture_on_commit_callbacks(execute=True):
-        services.decide(ticket, user=member(tenant, Role.APPROVER), approve=False, message="no")
+        decide(ticket, user=member(tenant, Role.APPROVER), approve=False, message="no")
 
     # run.paused and run.queued notify no one; the rejection does.
     assert deliveries(endpoint) == [
@@ -111,7 +113,7 @@ def test_fan_out_expiry_sends_ticket_expired_and_run_failed(
     Ticket.objects.filter(run=run).update(expires_at=timezone.now() - timedelta(seconds=1))
 
     with django_capture_on_commit_callbacks(execute=True):
-        services.reap()
+        reap()
 
     assert deliveries(endpoint) == [
         ("ticket.expired", "ticket.expired"),
@@ -148,7 +150,7 @@ def test_fan_out_a_failing_receiver_never_breaks_the_decision(
 
     monkeypatch.setattr(notifications, "fan_out", broken)
     with django_capture_on_commit_callbacks(execute=True):
-        ticket = services.decide(
+        ticket = decide(
             Ticket.objects.get(run=run), user=member(tenant, Role.APPROVER), approve=True
         )
 

@@ -11,7 +11,9 @@ from channels.layers import get_channel_layer
 from django.db import transaction
 from django.urls import reverse
 
-from approvals import audit, consumers, live
+from approvals.audit import chain as audit
+from approvals.live import hints as live
+from approvals.live import tail
 from approvals.models import AuditEvent, Role
 from notifications import services
 from notifications.models import Delivery, DeliveryStatus, Event
@@ -169,7 +171,7 @@ def test_audit_tail_sends_webhook_events_to_the_admins_group(tenant):
 @pytest.mark.django_db(transaction=True)
 def test_consumer_tells_admins_of_a_delivery_change_and_approvers_nothing(settings, monkeypatch):
     settings.APPROVALS_LIVE_POLL_SECONDS = 0.05
-    monkeypatch.setattr(consumers, "audit_tail", live.AuditTail())
+    monkeypatch.setattr(tail, "audit_tail", tail.AuditTail())
     tenant = TenantFactory(slug="acme")
     admin = member(tenant, Role.ADMIN, username="acme-admin")
     endpoint, _ = make_endpoint(tenant, admin)

@@ -7,7 +7,7 @@ from django.db import transaction
 from django.urls import reverse
 from django_tasks_db.models import DBTaskResult
 
-from approvals import audit
+from approvals.audit import chain as audit
 from approvals.models import AuditEvent, Role
 from notifications import services
 from notifications.models import Delivery, DeliveryStatus, Event, WebhookEndpoint

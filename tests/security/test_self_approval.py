@@ -7,14 +7,19 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.urls import reverse
 
-from approvals import demo, services
+from approvals import demo
+from approvals.decisions.decide import decide
+from approvals.decisions.errors import SelfApprovalError
 from approvals.models import AuditEvent, Role, Run, RunStatus, Ticket, TicketStatus
+from approvals.runs.resume import resume
 from tests.factories import TenantFactory, member, paused_run
 
 pytestmark = pytest.mark.django_db
 
 DECIDING_ROLES = [Role.APPROVER, Role.ADMIN]
 SELF_APPROVAL = "you requested this call, so someone else must approve it"
+# The page, the command and any other entry point show it as one sentence.
+SELF_APPROVAL_SENTENCE = "You requested this call, so someone else must approve it."
 APPROVE_BUTTON = 'name="decision" value="approve"'
 
 
@@ -83,7 +88,7 @@ def test_self_approval_decide_command_refuses(role):
     with pytest.raises(CommandError) as refused:
         call_command("decide", str(ticket.pk), "--approve", "--user", requester.username)
 
-    assert str(refused.value) == SELF_APPROVAL
+    assert str(refused.value) == SELF_APPROVAL_SENTENCE
     assert_still_pending(ticket)
 
 
@@ -96,7 +101,7 @@ def test_self_approval_decide_command_refuses_always_too(role):
             "decide", str(ticket.pk), "--approve", "--always", "--user", requester.username
         )
 
-    assert str(refused.value) == SELF_APPROVAL
+    assert str(refused.value) == SELF_APPROVAL_SENTENCE
     assert_still_pending(ticket)
 
 
@@ -105,8 +110,8 @@ def test_self_approval_decide_command_refuses_always_too(role):
 def test_self_approval_service_refuses(role, always):
     ticket, requester = own_ticket(role)
 
-    with pytest.raises(services.SelfApprovalError) as refused:
-        services.decide(ticket, user=requester, approve=True, always=always)
+    with pytest.raises(SelfApprovalError) as refused:
+        decide(ticket, user=requester, approve=True, always=always)
 
     assert str(refused.value) == SELF_APPROVAL
     assert_still_pending(ticket)
@@ -116,7 +121,7 @@ def test_self_approval_service_refuses(role, always):
 def test_self_approval_requester_may_still_reject(role):
     ticket, requester = own_ticket(role)
 
-    services.decide(ticket, user=requester, approve=False, message="Changed my mind.")
+    decide(ticket, user=requester, approve=False, message="Changed my mind.")
 
     assert Ticket.objects.get(pk=ticket.pk).status == TicketStatus.REJECTED
 
@@ -130,7 +135,7 @@ def test_self_approval_written_around_the_service_is_refused_by_the_worker():
     )
     Run.objects.filter(pk=ticket.run_id).update(status=RunStatus.QUEUED)
 
-    outcome = services.resume(run_id=ticket.run_id)
+    outcome = resume(run_id=ticket.run_id)
 
     assert outcome.status == RunStatus.NEEDS_ATTENTION
     assert outcome.reason == (
@@ -141,7 +146,7 @@ def test_self_approval_written_around_the_service_is_refused_by_the_worker():
 
 def test_self_approval_through_django_admin_is_refused(client):
     """Staff who requested a call must not approve it, or name someone else as approver, by
-    editing the ticket in /admin/: decisions go through services.decide only."""
+    editing the ticket in /admin/: decisions go through decide only."""
     ticket, requester = own_ticket(Role.ADMIN)
     colleague = member(ticket.tenant, Role.APPROVER, username="colleague")
     requester.is_staff = requester.is_superuser = True

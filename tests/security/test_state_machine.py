@@ -22,8 +22,16 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from approvals import demo, services
-from approvals.audit import verify_chain
+from approvals import demo
+from approvals.audit.chain import verify_chain
+from approvals.decisions.decide import decide
+from approvals.decisions.errors import (
+    AlreadyDecidedError,
+    NotAllowedError,
+    SelfApprovalError,
+    TicketExpiredError,
+    TicketNotFoundError,
+)
 from approvals.models import (
     DECIDING_ROLES,
     TERMINAL_RUN_STATUSES,
@@ -36,6 +44,10 @@ from approvals.models import (
     Ticket,
     TicketStatus,
 )
+from approvals.runs.pause import pause_run
+from approvals.runs.reaper import reap
+from approvals.runs.resolution import ResolutionError, resolve
+from approvals.runs.resume import resume
 from tests.factories import TenantFactory, member, run_agent, two_call_agent
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -88,7 +100,7 @@ class TicketsAndRuns(RuleBasedStateMachine):
 
     @rule(target=runs, side=st.integers(0, 1), who=st.sampled_from(PEOPLE), two=st.booleans())
     def pause(self, side: int, who: str, two: bool) -> int:
-        run = services.pause_run(
+        run = pause_run(
             paused_result(two),
             tenant=self.tenants[side],
             agent_key="release",
@@ -127,14 +139,14 @@ class TicketsAndRuns(RuleBasedStateMachine):
         role = self.role(user, ticket.tenant_id)
         always = always and approve
         try:
-            services.decide(ticket, user=user, approve=approve, always=always)
-        except services.TicketNotFoundError:
+            decide(ticket, user=user, approve=approve, always=always)
+        except TicketNotFoundError:
             assert role is None
-        except services.NotAllowedError:
+        except NotAllowedError:
             assert role not in DECIDING_ROLES
-        except services.SelfApprovalError:
+        except SelfApprovalError:
             assert approve and ticket.requested_by_id == user.pk
-        except (services.AlreadyDecidedError, services.TicketExpiredError):
+        except (AlreadyDecidedError, TicketExpiredError):
             assert before != TicketStatus.PENDING or ticket.is_expired
         else:
             assert role in DECIDING_ROLES, f"{role} decided ticket {ticket.pk}"
@@ -147,11 +159,11 @@ class TicketsAndRuns(RuleBasedStateMachine):
         if now:
             return
         later = timezone.now() + django_settings.APPROVALS_TICKET_TTL + timedelta(minutes=1)
-        services.reap(now=later)
+        reap(now=later)
 
     @rule(run_id=runs)
     def resume(self, run_id: int) -> None:
-        services.resume(run_id=run_id, worker_id="machine-worker")
+        resume(run_id=run_id, worker_id="machine-worker")
 
     @rule(side=st.integers(0, 1), who=st.sampled_from(["approver", "approver2", "admin"]))
     def demote(self, side: int, who: str) -> None:
@@ -167,8 +179,8 @@ class TicketsAndRuns(RuleBasedStateMachine):
         run = Run.objects.get(pk=run_id)
         user = self.users[actor]
         try:
-            resolved = services.resolve(run, user=user, resolution=resolution)
-        except services.ResolutionError:
+            resolved = resolve(run, user=user, resolution=resolution)
+        except ResolutionError:
             return
         assert self.role(user, run.tenant_id) == Role.ADMIN
         if resolved.status in LIVE:

@@ -17,8 +17,8 @@ from django.db import transaction
 from django.test import Client
 from django.urls import get_resolver, path, resolve
 
-from approvals import audit
-from approvals.audit import verify_chain
+from approvals.audit import chain as audit
+from approvals.audit.chain import verify_chain
 from approvals.models import Role, Run, RunStatus, Tenant, Ticket, TicketStatus
 from notifications import services as notifications
 from notifications.models import Delivery, DeliveryStatus, EmailDelivery, Event, WebhookEndpoint

@@ -25,8 +25,13 @@ from agents import Agent, Runner
 from agents.memory import OpenAIConversationsSession
 from agents.testing import ModelStep, ScriptedModel, assistant_message
 
-from approvals import agent_sessions, demo, registry, services
+from approvals import demo
+from approvals.decisions.decide import decide
+from approvals.execution import registry
+from approvals.execution import sessions as agent_sessions
 from approvals.models import RunStatus, Ticket
+from approvals.runs.pause import pause_run
+from approvals.runs.resume import resume
 from sessions_admin.models import ConversationRecord
 from sessions_admin.stores import (
     ConversationsStore,
@@ -602,9 +607,7 @@ def test_run_paused_with_a_conversations_session_records_it_for_its_tenant(conso
         return session, result
 
     session, result = _run(first_turn, console_api.url)
-    run = services.pause_run(
-        result, tenant=acme, agent_key="release", agent_version="1", session=session
-    )
+    run = pause_run(result, tenant=acme, agent_key="release", agent_version="1", session=session)
 
     conversation_id = session.session_id
     assert (run.session_backend, run.session_id, run.session_location) == (
@@ -622,8 +625,8 @@ def test_run_paused_with_a_conversations_session_records_it_for_its_tenant(conso
     ]
 
     # Resumed by a worker, the run continues that conversation through the console's client.
-    services.decide(Ticket.objects.get(run=run), user=member(acme, "approver"), approve=True)
-    outcome = services.resume(run_id=run.pk, worker_id="test-worker")
+    decide(Ticket.objects.get(run=run), user=member(acme, "approver"), approve=True)
+    outcome = resume(run_id=run.pk, worker_id="test-worker")
 
     run.refresh_from_db()
     assert outcome.status == RunStatus.COMPLETED

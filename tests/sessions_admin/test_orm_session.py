@@ -13,8 +13,10 @@ from agents.extensions.memory import EncryptedSession
 from agents.testing import ModelStep, ScriptedModel, assistant_message
 from django.db.backends.signals import connection_created
 
-from approvals import demo, services
+from approvals import demo
+from approvals.decisions.decide import decide
 from approvals.models import RunStatus, Ticket
+from approvals.runs.resume import resume
 from sessions_admin.models import StoredItem, StoredSession
 from sessions_admin.orm_session import DjangoSession
 from tests.conftest import manage
@@ -287,8 +289,8 @@ def test_paused_run_with_a_django_session_resumes_with_it(settings):
     assert session.writes >= 1
     assert demo.read_effects() == []
 
-    services.decide(Ticket.objects.get(run=run), user=member(tenant, "approver"), approve=True)
-    outcome = services.resume(run_id=run.pk, worker_id="test-worker")
+    decide(Ticket.objects.get(run=run), user=member(tenant, "approver"), approve=True)
+    outcome = resume(run_id=run.pk, worker_id="test-worker")
 
     run.refresh_from_db()
     assert outcome.status == RunStatus.COMPLETED
@@ -311,8 +313,8 @@ def test_paused_run_with_a_cleared_django_session_still_resumes_from_its_state()
     run = paused_run(tenant, session=session)
     asyncio.run(session.clear_session())
 
-    services.decide(Ticket.objects.get(run=run), user=member(tenant, "approver"), approve=True)
-    outcome = services.resume(run_id=run.pk, worker_id="test-worker")
+    decide(Ticket.objects.get(run=run), user=member(tenant, "approver"), approve=True)
+    outcome = resume(run_id=run.pk, worker_id="test-worker")
 
     # An empty ORM session is readable, so the resume goes ahead; the state carries the call.
     assert outcome.status == RunStatus.COMPLETED

@@ -5,7 +5,8 @@ from __future__ import annotations
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
-from approvals import policies, services
+from approvals.decisions import decide
+from approvals.decisions.errors import DecisionError, TicketNotFoundError
 from approvals.models import Ticket
 
 
@@ -34,18 +35,18 @@ class Command(BaseCommand):
         if ticket is None:
             raise CommandError(f"ticket {ticket_id} does not exist")
         try:
-            ticket = services.decide(
+            ticket = decide.decide(
                 ticket, user=person, approve=approve, message=message, always=always
             )
-        except services.TicketNotFoundError:
+        except TicketNotFoundError:
             raise CommandError(f"ticket {ticket_id} does not exist for {user}") from None
-        except services.DecisionError as error:
-            raise CommandError(str(error)) from None
+        except DecisionError as error:
+            # The page's sentence, word for word: one rule, one answer.
+            raise CommandError(error.sentence()) from None
         run = ticket.run
         if ticket.is_pending:
             # An approval that counts towards a quorum the ticket has not reached yet.
-            votes = list(ticket.votes.select_related("user"))
-            progress = policies.progress(ticket, policies.policy_of(ticket), votes)
+            progress = decide.progress_of(ticket)
             self.stdout.write(
                 f"ticket {ticket.pk} approval by {user} recorded ({progress.describe()}); "
                 f"run {run.pk} is {run.status}"

@@ -15,8 +15,11 @@ from django.core.management.base import BaseCommand
 from django.db import transaction
 from django.utils import timezone
 
-from approvals import registry, services
+from approvals.execution import registry
 from approvals.models import ApprovalPolicy, ApproverGroup, Membership, Role, Run, Tenant
+from approvals.policies.groups import save_group
+from approvals.policies.versions import save_policy
+from approvals.runs.pause import pause_run
 from notifications import services as notifications
 from notifications.models import Event, WebhookEndpoint
 from sessions_admin.models import StoredItem, StoredSession
@@ -96,7 +99,7 @@ class Command(BaseCommand):
                     "deploy_token": os.environ.get("RELEASE_DEPLOY_TOKEN", ""),
                 }
                 result = asyncio.run(Runner.run(agent, prompt, context=context, session=session))
-                services.pause_run(
+                pause_run(
                     result,
                     tenant=tenant,
                     agent_key=agent_key,
@@ -163,9 +166,9 @@ def _seed_policy(tenant: Tenant, slug: str) -> None:
     for name, suffixes in GROUPS.items():
         if not ApproverGroup.objects.filter(tenant=tenant, name=name).exists():
             members = list(User.objects.filter(username__in=[f"{slug}-{s}" for s in suffixes]))
-            services.save_group(tenant=tenant, user=admin, name=name, members=members)
+            save_group(tenant=tenant, user=admin, name=name, members=members)
     if not ApprovalPolicy.objects.filter(tenant=tenant).exists():
-        services.save_policy(tenant=tenant, user=admin, required_approvals=1, on_expiry="expire")
+        save_policy(tenant=tenant, user=admin, required_approvals=1, on_expiry="expire")
 
 
 def _conversation(topic: str) -> list[dict]:

@@ -6,7 +6,7 @@ import sys
 
 from django.core.management.base import BaseCommand, CommandError
 
-from approvals.audit import verify_chain
+from approvals.audit.chain import verify_chain
 from approvals.models import Tenant
 
 

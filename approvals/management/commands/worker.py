@@ -1,6 +1,8 @@
 """The console's worker: django-tasks-db's db_worker, woken by NOTIFY, plus the reaper.
 
-It serves the default queue: resume tasks and the notifications' webhook and email tasks.
+It serves the default queue: resume tasks and the notifications' webhook and email tasks. Each
+reaper pass also sends signals.worker_housekeeping, so the apps that listen to approvals
+(notifications: lost deliveries) do their own housekeeping without approvals knowing them.
 
 db_worker polls on a timer and has no lease: a worker killed mid-task leaves its task RUNNING
 forever. So every worker process also runs the reaper (they are safe together), and on
@@ -19,8 +21,9 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand
 from django.db import connection
 
-from approvals import services
-from notifications import services as notifications
+from approvals import signals
+from approvals.execution import queue
+from approvals.runs import reaper
 
 logger = logging.getLogger("approvals.worker")
 
@@ -28,7 +31,7 @@ logger = logging.getLogger("approvals.worker")
 def _reaper_loop(interval: float, stop: threading.Event) -> None:
     while not stop.wait(interval):
         try:
-            report = services.reap()
+            report = reaper.reap()
             if any(vars(report).values()):
                 logger.info(
                     "reaper: requeued %s, re-enqueued %s, expired %s, rejected %s, "
@@ -40,9 +43,11 @@ def _reaper_loop(interval: float, stop: threading.Event) -> None:
                     report.escalated,
                     report.queued,
                 )
-            lost = notifications.requeue_stale()
-            if lost:
-                logger.info("reaper: re-enqueued %s webhook and email deliveries", lost)
+            for receiver, said in signals.worker_housekeeping.send_robust(sender=None):
+                if isinstance(said, Exception):
+                    logger.error("housekeeping by %r failed", receiver, exc_info=said)
+                elif said:
+                    logger.info("housekeeping: %s", said)
         except Exception:
             logger.exception("reaper pass failed; trying again next time")
         finally:
@@ -62,7 +67,7 @@ class Listener:
         params.pop("cursor_factory", None)
         params.pop("context", None)
         conn = psycopg.connect(**params, autocommit=True)
-        conn.execute(f"LISTEN {services.WAKE_CHANNEL}")
+        conn.execute(f"LISTEN {queue.WAKE_CHANNEL}")
         return conn
 
     def wait(self, seconds: float) -> None:

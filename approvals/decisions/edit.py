@@ -1,43 +1,50 @@
-"""Edit and approve: pre-authorising exactly the call an approver corrected.
-
-The SDK approves a call with the arguments the model gave, never with others. So an approver
-who wants other arguments rejects the call with a message that carries the corrected arguments
-(services.edit_and_approve), and a PreAuthorization records exactly that tool and digest for
-the run. When the resumed model calls the tool again with exactly those arguments, the new
-ticket counts as the approver's approval, once (services._decide_automatically: candidate(),
-use(), then approve() or count_as_vote() under the ticket's policy); any other call stays a
-normal ticket.
-
-This module does not import services: services calls it while it creates tickets.
+"""Edit and approve: an approver corrects a call's arguments; the call is rejected with them and
+exactly that call is pre-authorised (decisions.preauth).
 """
 
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
-from django.db.models import Q
+from django.db import transaction
+from django.utils import timezone
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError
 from jsonschema.validators import validator_for
 
-from approvals import audit, live, registry
-from approvals.core import presenters
-from approvals.core.redaction import is_secret_key
-from approvals.models import Membership, PreAuthorization, Run, Ticket, TicketStatus
+from approvals.audit import chain
+from approvals.core.canonical import arguments_digest, canonical_json
+from approvals.decisions import decide, preauth
+from approvals.decisions.errors import (
+    InvalidArgumentsError,
+    InvalidDecisionError,
+    NotAllowedError,
+    ToolUnavailableError,
+)
+from approvals.execution import queue, registry
+from approvals.live import hints
+from approvals.models import (
+    PreAuthorization,
+    Run,
+    Ticket,
+    TicketStatus,
+)
+from approvals.policies import quorum, scopes
 
 # The message to the model. The demo's scripted model parses it back with parse_correction().
 CORRECTION = "The approver changed the arguments. Call {tool} again with exactly these arguments: {arguments}"
+
+
 _CORRECTION_LEAD = re.compile(
     r"The approver changed the arguments\. Call (?P<tool>[\w.:-]+) again with exactly these "
     r"arguments: "
 )
+
+
 NOTE_LEAD = "Note from the approver: "
-
-
-# --- the tool and its schema ---------------------------------------------------------------
 
 
 def find_tool(agent: Any, tool_name: str) -> Any | None:
@@ -66,9 +73,6 @@ def tool_for(run: Run, tool_name: str) -> Any | None:
     except Exception:
         return None
     return find_tool(agent, tool_name)
-
-
-# --- validating edited arguments -----------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -176,9 +180,6 @@ def schema_problems(schema: dict, arguments: Any) -> list[Problem]:
     return problems
 
 
-# --- the message to the model ----------------------------------------------------------------
-
-
 def correction_message(tool: str, canonical_arguments: str, note: str = "") -> str:
     text = CORRECTION.format(tool=tool, arguments=canonical_arguments)
     return f"{text}\n{NOTE_LEAD}{note}" if note else text
@@ -204,113 +205,97 @@ def parse_correction(text: str) -> Correction | None:
     return Correction(match.group("tool"), arguments)
 
 
-# --- the diff, as the audit log keeps it ----------------------------------------------------
+def check_editable(ticket: Ticket, user) -> Any:
+    """The tool whose schema the user's edited arguments must fit, if the user may edit the
+    ticket now: the edit page asks before showing its form, edit_and_approve() before acting.
 
-
-def changes(before: Any, after: Any) -> list[dict[str, str]]:
-    """presenters.diff as plain data for an audit event, values of secret-named fields hidden."""
-    rows = []
-    for change in presenters.diff(before, after):
-        row = asdict(change)
-        leaf = re.split(r"[.\[]", change.path)[-1].rstrip("]")
-        if is_secret_key(leaf):
-            row["before"] = "[redacted]" if row["before"] else ""
-            row["after"] = "[redacted]" if row["after"] else ""
-        rows.append(row)
-    return rows
-
-
-# --- matching a new call -------------------------------------------------------------------
-
-
-def candidate(run: Run, ticket: Ticket, *, now) -> PreAuthorization | None:
-    """The unused, unexpired pre-authorisation of the same run, tool and argument digest whose
-    author may still decide in the tenant and did not request the call; None when there is none.
+    Raises TicketNotFoundError, NotAllowedError, SelfApprovalError (editing approves, so the
+    requester may not), TicketExpiredError, AlreadyDecidedError or ToolUnavailableError.
     """
-    candidates = PreAuthorization.objects.filter(
-        run_id=run.pk,
-        tool_name=ticket.tool_name,
-        arguments_digest=ticket.arguments_digest,
-        used_by__isnull=True,
-        expires_at__gt=now,
-    ).select_related("created_by", "original_ticket")
-    for pre in candidates.order_by("pk"):
-        author = pre.created_by
-        if author is None or not author.is_active or ticket.is_requested_by(author):
-            continue
-        membership = Membership.objects.filter(user=author, tenant_id=run.tenant_id).first()
-        if membership is None or not membership.can_decide:
-            continue
-        return pre
-    return None
+    decide.check_decider(ticket, user, approve=True)
+    decide.refuse_unless_pending(ticket, timezone.now())
+    tool = tool_for(ticket.run, ticket.tool_name)
+    if tool is None:
+        raise ToolUnavailableError(
+            f"the tool {ticket.tool_name} is not in agent {ticket.run.agent_key} "
+            f"v{ticket.run.agent_version} as deployed here, so edited arguments cannot be "
+            "checked; approve or reject the call as it is"
+        )
+    return tool
 
 
-def use(pre: PreAuthorization, ticket: Ticket, *, now) -> bool:
-    """Spend the pre-authorisation on this ticket: once only (a compare-and-set on used_by)."""
-    if not PreAuthorization.objects.filter(pk=pre.pk, used_by__isnull=True).update(
-        used_by=ticket, used_at=now
-    ):
-        return False
-    pre.used_by = ticket
-    pre.used_at = now
-    return True
+def edit_and_approve(
+    ticket: Ticket, *, user, arguments: dict, message: str = ""
+) -> PreAuthorization:
+    """Reject a pending call with corrected arguments and pre-authorise exactly those.
 
-
-def _audit_detail(pre: PreAuthorization) -> dict:
-    return {
-        "preauthorised_by": pre.created_by.get_username(),
-        "original_ticket": pre.original_ticket_id,
-        "changes": changes(
-            json.loads(pre.original_ticket.arguments_json), json.loads(pre.arguments_json)
-        ),
-    }
-
-
-def approve(run: Run, ticket: Ticket, pre: PreAuthorization, *, now, detail=None) -> None:
-    """Approve the just-created ticket in the author's name; inside the creating transaction.
-
-    Side effects: the ticket approved; audit event ticket.preauthorised; after commit, a live
-    hint. Queueing the run, when nothing is left pending, is the caller's.
+    The SDK cannot approve a call with other arguments, so the model is asked to call again:
+    the rejection message carries the corrected arguments as canonical JSON (and the approver's
+    note), and when the resumed model calls the same tool with exactly that digest, the new
+    ticket counts as this user's approval (automatic.decide_automatically, from tickets.open_tickets).
+    Side effects, in one transaction: the ticket rejected by the same compare-and-set as a
+    rejection; a PreAuthorization (canonical arguments, digest, expiry one ticket lifetime
+    away); audit event ticket.edited with the changes; when it was the run's last pending
+    ticket, the run queued and the resume enqueued; after commit, live hints. Raises
+    TicketNotFoundError, NotAllowedError, SelfApprovalError (editing approves, so the requester
+    may not), TicketExpiredError, AlreadyDecidedError, ToolUnavailableError,
+    InvalidArgumentsError or InvalidDecisionError, having written nothing.
     """
-    author = pre.created_by
-    message = (
-        f"Pre-authorised by {author.get_username()}: edited from ticket #{pre.original_ticket_id}."
-    )
-    won = Ticket.objects.filter(
-        Q(pk=ticket.pk) & Q(status=TicketStatus.PENDING) & Q(expires_at__gt=now)
-    ).update(
-        status=TicketStatus.APPROVED,
-        decided_by=author,
-        decided_at=now,
-        decision_message=message,
-    )
-    if not won:
-        raise RuntimeError(f"ticket {ticket.pk} was decided while it was being created")
-    ticket.status = TicketStatus.APPROVED
-    ticket.decided_by = author
-    ticket.decided_at = now
-    ticket.decision_message = message
-    audit.append_for_ticket(
-        ticket,
-        action="ticket.preauthorised",
-        actor=author,
-        outcome=TicketStatus.APPROVED,
-        detail={**_audit_detail(pre), **(detail or {})},
-    )
-    live.notify_on_commit(
-        run.tenant_id, "ticket.decided", ticket=ticket.pk, run=run.pk, status=TicketStatus.APPROVED
-    )
-
-
-def count_as_vote(run: Run, ticket: Ticket, pre: PreAuthorization, *, progress: str) -> None:
-    """The pre-authorisation gave the author's approval, but the ticket's policy needs more
-    people: the ticket stays pending with that vote. Audit event ticket.vote (outcome pending,
-    the detail naming the pre-authorisation) and a live hint."""
-    audit.append_for_ticket(
-        ticket,
-        action="ticket.vote",
-        actor=pre.created_by,
-        outcome=TicketStatus.PENDING,
-        detail={**_audit_detail(pre), "progress": progress},
-    )
-    live.notify_on_commit(run.tenant_id, "ticket.changed", ticket=ticket.pk, run=run.pk)
+    note = decide.checked_message(message)
+    tool = check_editable(ticket, user)
+    if not isinstance(arguments, dict):
+        raise InvalidDecisionError("the edited arguments must be a JSON object")
+    problems = schema_problems(tool.params_json_schema, arguments)
+    if problems:
+        raise InvalidArgumentsError(problems)
+    edited_json = canonical_json(arguments)
+    digest = arguments_digest(edited_json)
+    if digest == ticket.arguments_digest:
+        raise InvalidDecisionError(
+            "the edited arguments are the same as the call's; approve the call instead"
+        )
+    rejection = correction_message(tool.name, edited_json, note)
+    with transaction.atomic():
+        run = Run.objects.select_for_update().get(pk=ticket.run_id)
+        now = timezone.now()
+        # Read under the lock, as decide() does: an escalation may have moved the ticket.
+        current = Ticket.objects.select_related("policy").get(pk=ticket.pk)
+        policy = scopes.policy_of(current)
+        refusal = quorum.refusal_for(user, current, policy)
+        if refusal:
+            raise NotAllowedError(refusal)
+        decide.compare_and_set(
+            ticket, status=TicketStatus.REJECTED, user=user, now=now, message=rejection
+        )
+        pre = PreAuthorization.objects.create(
+            tenant_id=ticket.tenant_id,
+            run=run,
+            tool_name=ticket.tool_name,
+            arguments_json=edited_json,
+            arguments_digest=digest,
+            original_ticket=ticket,
+            created_by=user,
+            created_at=now,
+            expires_at=now + scopes.time_to_live(policy),
+        )
+        chain.append_for_ticket(
+            ticket,
+            action="ticket.edited",
+            actor=user,
+            outcome=TicketStatus.REJECTED,
+            detail={
+                "edited_digest": digest,
+                "changes": preauth.changes(json.loads(ticket.arguments_json), arguments),
+                **({"message": note} if note else {}),
+            },
+        )
+        hints.notify_on_commit(
+            ticket.tenant_id,
+            "ticket.decided",
+            ticket=ticket.pk,
+            run=run.pk,
+            status=TicketStatus.REJECTED,
+        )
+        queue.queue_if_decided(run, now=now, actor=user)
+    ticket.refresh_from_db()
+    return pre

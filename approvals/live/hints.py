@@ -18,40 +18,20 @@ import threading
 from typing import Any
 
 from asgiref.sync import SyncToAsync, async_to_sync
-from channels.db import database_sync_to_async
 from channels.layers import (
     DEFAULT_CHANNEL_LAYER,
     InMemoryChannelLayer,
     channel_layers,
     get_channel_layer,
 )
-from django.conf import settings
 from django.db import transaction
+
+from approvals.audit import actions
 
 logger = logging.getLogger(__name__)
 
-KINDS = {
-    "ticket.created": "ticket.created",
-    "ticket.approved": "ticket.decided",
-    "ticket.rejected": "ticket.decided",
-    "ticket.expired": "ticket.decided",
-    "ticket.auto_approved": "ticket.decided",
-    "ticket.auto_rejected": "ticket.decided",
-    "ticket.edited": "ticket.decided",
-    "ticket.preauthorised": "ticket.decided",
-    "ticket.vote": "ticket.changed",
-    "ticket.votes_invalidated": "ticket.changed",
-    "ticket.escalated": "ticket.changed",
-    "ticket.claimed": "ticket.changed",
-    "ticket.released": "ticket.changed",
-    "ticket.commented": "ticket.changed",
-}
-
-
-# Hints about notification deliveries: only the tenant's admins see the delivery log, so only
-# their sockets hear of it, and pages re-read it on "console:deliveries" alone (console.js).
-DELIVERY_KIND = "delivery.changed"
-DELIVERY_ACTIONS = ("webhook.", "email.")
+# Hints about notification deliveries go to the tenant's admins only (see audit.actions).
+DELIVERY_KIND = actions.DELIVERY_CHANGED
 
 
 def tenant_group(tenant_id: int) -> str:
@@ -146,74 +126,12 @@ def group_for(tenant_id: int, hint: dict[str, Any]) -> str:
 
 
 def hint_for(event) -> dict[str, Any]:
-    if event.action.startswith(DELIVERY_ACTIONS):
-        kind = DELIVERY_KIND
-    else:
-        kind = KINDS.get(
-            event.action,
-            "run.changed" if event.action.startswith(("run.", "effect.")) else event.action,
-        )
+    """The hint an audit event stands for, from the table of actions."""
+    action = actions.ACTIONS.get(event.action)
     return {
         "type": "console.event",
-        "kind": kind,
+        "kind": action.live if action and action.live else event.action,
         "run": event.run_id,
         "ticket": event.ticket_id,
         "status": event.outcome,
     }
-
-
-class AuditTail:
-    """One per web process: new audit events become hints for this process's sockets."""
-
-    def __init__(self) -> None:
-        self.subscribers = 0
-        self.task: asyncio.Task | None = None
-
-    @staticmethod
-    def _latest_id() -> int:
-        from approvals.models import AuditEvent
-
-        return AuditEvent.objects.order_by("-id").values_list("id", flat=True).first() or 0
-
-    @staticmethod
-    def _events_after(last_id: int) -> list:
-        from approvals.models import AuditEvent
-
-        return list(
-            AuditEvent.objects.filter(id__gt=last_id)
-            .only("id", "tenant_id", "action", "run_id", "ticket_id", "outcome")
-            .order_by("id")[:500]
-        )
-
-    async def subscribe(self) -> None:
-        self.subscribers += 1
-        if self.task is None or self.task.done():
-            last_id = await database_sync_to_async(self._latest_id)()
-            self.task = asyncio.create_task(self._run(last_id))
-
-    async def unsubscribe(self) -> None:
-        self.subscribers = max(self.subscribers - 1, 0)
-        if not self.subscribers and self.task is not None:
-            self.task.cancel()
-            self.task = None
-
-    async def _run(self, last_id: int) -> None:
-        layer = get_channel_layer()
-        interval = settings.APPROVALS_LIVE_POLL_SECONDS
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                events = await database_sync_to_async(self._events_after)(last_id)
-                for event in events:
-                    hint = hint_for(event)
-                    await layer.group_send(group_for(event.tenant_id, hint), hint)
-                    last_id = event.id
-            except Exception:
-                logger.warning("live tail: reading the audit log failed; retrying", exc_info=True)
-
-
-audit_tail = AuditTail()
-
-
-def tail_needed() -> bool:
-    return isinstance(get_channel_layer(), InMemoryChannelLayer)

@@ -8,25 +8,34 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import get_user_model
 from django.contrib.auth.decorators import login_required
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import (
+    Http404,
+    HttpRequest,
+    HttpResponse,
+)
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from approvals import policies, registry, services
-from approvals.forms import GroupForm, PolicyForm
-from approvals.models import ApprovalPolicy, ApproverGroup, Membership, Role, Tenant
-from approvals.views import _active_tenant, _memberships
+from approvals.execution import registry
+from approvals.forms.policies import GroupForm, PolicyForm
+from approvals.models import (
+    ApprovalPolicy,
+    ApproverGroup,
+    Membership,
+    Tenant,
+)
+from approvals.policies import scopes, versions
+from approvals.policies.groups import delete_group, save_group
+from approvals.views import access
 
 HISTORY_LENGTH = 50
 
 
 def _get_admin_tenant(request: HttpRequest, slug: str) -> Tenant:
     """The tenant named (or the active one, or the first) if the user is its admin; else 404."""
-    admin_of = {
-        m.tenant.slug: m.tenant for m in _memberships(request).values() if m.role == Role.ADMIN
-    }
-    slug = slug or _active_tenant(request)
+    admin_of = {m.tenant.slug: m.tenant for m in access.memberships(request).values() if m.is_admin}
+    slug = slug or access.active_tenant(request)
     if not slug and admin_of:
         slug = sorted(admin_of)[0]
     tenant = admin_of.get(slug)
@@ -41,7 +50,7 @@ def _group_names(tenant: Tenant) -> list[str]:
 
 def _admin_tenants(request: HttpRequest) -> list[Tenant]:
     return sorted(
-        (m.tenant for m in _memberships(request).values() if m.role == Role.ADMIN),
+        (m.tenant for m in access.memberships(request).values() if m.is_admin),
         key=lambda t: t.slug,
     )
 
@@ -54,7 +63,7 @@ def _policies_url(tenant: Tenant) -> str:
 @require_GET
 def policy_list(request: HttpRequest) -> HttpResponse:
     tenant = _get_admin_tenant(request, request.GET.get("tenant", ""))
-    current = policies.current_policies(tenant.pk)
+    current = scopes.current_policies(tenant.pk)
     return render(
         request,
         "approvals/policies.html",
@@ -63,7 +72,7 @@ def policy_list(request: HttpRequest) -> HttpResponse:
             "tenants": _admin_tenants(request),
             "current": current,
             "has_default": any(not (p.agent_key or p.tool_name) for p in current),
-            "builtin": policies.builtin_policy(tenant.pk),
+            "builtin": scopes.builtin_policy(tenant.pk),
             "groups": ApproverGroup.objects.filter(tenant=tenant).prefetch_related("members"),
             "agents": sorted(settings.APPROVALS_AGENTS),
             "tools": registry.tool_names(),
@@ -84,18 +93,18 @@ def policy_edit(request: HttpRequest) -> HttpResponse:
         if form.is_valid():
             agent_key, tool_name = form.cleaned_data["agent"], form.cleaned_data["tool"]
             try:
-                policy = services.save_policy(
+                policy = versions.save_policy(
                     tenant=tenant,
                     user=request.user,
                     agent_key=agent_key,
                     tool_name=tool_name,
                     **form.policy_values(),
                 )
-            except services.PolicyUnchanged as unchanged:
-                messages.info(request, str(unchanged).capitalize() + ".")
+            except versions.PolicyUnchanged as unchanged:
+                messages.info(request, unchanged.sentence())
                 return redirect(_edit_url(tenant, agent_key, tool_name))
-            except services.PolicyError as error:
-                form.add_error(None, str(error).capitalize() + ".")
+            except versions.PolicyError as error:
+                form.add_error(None, error.sentence())
             else:
                 messages.success(
                     request,
@@ -105,8 +114,8 @@ def policy_edit(request: HttpRequest) -> HttpResponse:
                 return redirect(_edit_url(tenant, agent_key, tool_name))
         status = 400
     else:
-        current = policies.current_for_scope(tenant.pk, agent_key, tool_name)
-        base = current or policies.resolve(tenant.pk, agent_key, tool_name)
+        current = scopes.current_for_scope(tenant.pk, agent_key, tool_name)
+        base = current or scopes.resolve(tenant.pk, agent_key, tool_name)
         initial = PolicyForm.initial_from(base, tenant.slug)
         initial.update(agent=agent_key, tool=tool_name)
         form = PolicyForm(initial=initial, groups=groups)
@@ -147,13 +156,13 @@ def policy_remove(request: HttpRequest) -> HttpResponse:
     ):
         raise Http404("No such agent or tool.")
     try:
-        removed = services.remove_policy(
+        removed = versions.remove_policy(
             tenant=tenant, user=request.user, agent_key=agent_key, tool_name=tool_name
         )
-    except services.PolicyError as error:
+    except versions.PolicyError as error:
         messages.error(request, f"Not removed: {error}.")
     else:
-        now = policies.resolve(tenant.pk, agent_key, tool_name)
+        now = scopes.resolve(tenant.pk, agent_key, tool_name)
         messages.success(
             request,
             f"Removed the policy for {removed.scope_label}. Its pending tickets now follow "
@@ -187,14 +196,14 @@ def group_edit(request: HttpRequest) -> HttpResponse:
         if form.is_valid():
             members = get_user_model().objects.filter(username__in=form.cleaned_data["members"])
             try:
-                group = services.save_group(
+                group = save_group(
                     tenant=tenant,
                     user=request.user,
                     name=form.cleaned_data["name"],
                     members=list(members),
                 )
-            except services.PolicyError as error:
-                form.add_error(None, str(error).capitalize() + ".")
+            except versions.PolicyError as error:
+                form.add_error(None, error.sentence())
             else:
                 messages.success(request, f"Saved the group {group.name}.")
                 return redirect(f"{reverse('approvals:groups')}?tenant={tenant.slug}")
@@ -235,8 +244,8 @@ def group_delete(request: HttpRequest) -> HttpResponse:
     name = request.POST.get("name", "")
     groups_url = f"{reverse('approvals:groups')}?tenant={tenant.slug}"
     try:
-        services.delete_group(tenant=tenant, user=request.user, name=name)
-    except services.PolicyError as error:
+        delete_group(tenant=tenant, user=request.user, name=name)
+    except versions.PolicyError as error:
         messages.error(request, f"Not deleted: {error}.")
         if "\x00" in name:
             return redirect(groups_url)

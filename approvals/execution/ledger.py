@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
-from approvals import audit
+from approvals.audit import chain as audit
 from approvals.core import faults
 from approvals.core.canonical import canonical_json, sha256_hex
 from approvals.models import IdempotencyRecord, LedgerStatus

@@ -12,9 +12,11 @@ from dataclasses import dataclass
 from datetime import UTC
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import connection
 from django.utils import timezone
 
+from approvals import signals
+from approvals.audit import actions
 from approvals.core.canonical import canonical_json
 from approvals.core.redaction import redact
 from approvals.models import AuditEvent, Tenant
@@ -63,7 +65,10 @@ def append(
 
     Side effects: locks the tenant row until the transaction ends, inserts the event and
     moves the tenant's chain head; on commit, sends signals.audit_event_committed.
+    Raises actions.UnknownActionError for an action missing from the table, RuntimeError
+    outside a transaction.
     """
+    actions.get(action)
     if not connection.in_atomic_block:
         raise RuntimeError("audit.append must run inside a transaction")
     tenant = Tenant.objects.select_for_update().only("audit_seq", "audit_head").get(pk=tenant_id)
@@ -87,7 +92,7 @@ def append(
     event.hash = event_hash(event)
     event.save(force_insert=True)
     Tenant.objects.filter(pk=tenant_id).update(audit_seq=event.seq, audit_head=event.hash)
-    transaction.on_commit(lambda: _committed(event))
+    signals.send_on_commit(signals.audit_event_committed, sender=AuditEvent, event=event)
     return event
 
 
@@ -113,20 +118,6 @@ def append_for_ticket(
         outcome=outcome,
         detail=detail,
     )
-
-
-def _committed(event: AuditEvent) -> None:
-    from approvals.signals import audit_event_committed
-
-    # A failing receiver is logged, never raised into the code whose transaction committed.
-    for receiver, result in audit_event_committed.send_robust(sender=AuditEvent, event=event):
-        if isinstance(result, Exception):
-            logger.error(
-                "audit_event_committed receiver %r failed for event %s",
-                receiver,
-                event.pk,
-                exc_info=result,
-            )
 
 
 @dataclass(frozen=True)

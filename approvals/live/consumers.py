@@ -10,7 +10,8 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.template.loader import render_to_string
 
-from approvals.live import admin_group, audit_tail, tail_needed, tenant_group
+from approvals.live import tail
+from approvals.live.hints import admin_group, tenant_group
 from approvals.models import Membership, Role
 
 
@@ -33,16 +34,16 @@ class ConsoleConsumer(AsyncWebsocketConsumer):
             for group in groups:
                 await self.channel_layer.group_add(group, self.channel_name)
                 self.groups_joined.append(group)
-        self.tailing = tail_needed()
+        self.tailing = tail.tail_needed()
         if self.tailing:
-            await audit_tail.subscribe()
+            await tail.audit_tail.subscribe()
         await self.accept()
 
     async def disconnect(self, code: int) -> None:
         for group in getattr(self, "groups_joined", []):
             await self.channel_layer.group_discard(group, self.channel_name)
         if getattr(self, "tailing", False):
-            await audit_tail.unsubscribe()
+            await tail.audit_tail.unsubscribe()
 
     async def receive(self, text_data=None, bytes_data=None) -> None:
         # The channel is one-way; anything a browser sends is ignored.

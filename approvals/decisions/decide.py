@@ -1,0 +1,203 @@
+"""Deciding a ticket: where a person's approval or rejection is checked and recorded."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from approvals import members, transitions
+from approvals.audit import chain
+from approvals.decisions import digest
+from approvals.decisions.errors import (
+    AlreadyDecidedError,
+    AlreadyVotedError,
+    InvalidDecisionError,
+    NotAllowedError,
+    SelfApprovalError,
+    TicketExpiredError,
+    TicketNotFoundError,
+)
+from approvals.execution import queue
+from approvals.live import hints
+from approvals.models import (
+    ApprovalPolicy,
+    Membership,
+    Run,
+    Ticket,
+    TicketStatus,
+    TicketVote,
+)
+from approvals.policies import quorum, scopes
+
+MAX_MESSAGE_CHARS = 2000
+
+
+def checked_message(message: str) -> str:
+    message = (message or "").strip()
+    if len(message) > MAX_MESSAGE_CHARS:
+        raise InvalidDecisionError(
+            f"the message is {len(message)} characters; at most {MAX_MESSAGE_CHARS}"
+        )
+    return message
+
+
+def ticket_membership(user, ticket: Ticket) -> Membership:
+    """The user's membership of the ticket's tenant; TicketNotFoundError for anyone outside it."""
+    membership = members.membership_for(user, ticket.tenant_id)
+    if membership is None:
+        raise TicketNotFoundError("no such ticket")
+    return membership
+
+
+def check_decider(ticket: Ticket, user, *, approve: bool) -> Membership:
+    """The user may decide this ticket so; raises a DecisionError otherwise."""
+    membership = ticket_membership(user, ticket)
+    if not membership.can_decide:
+        raise NotAllowedError(f"the {membership.role} role cannot decide tickets")
+    if approve and ticket.is_requested_by(user):
+        raise SelfApprovalError("you requested this call, so someone else must approve it")
+    return membership
+
+
+def compare_and_set(
+    ticket: Ticket, *, status: str, user, now, message: str = "", always: bool = False
+) -> None:
+    """Decide a pending, unexpired ticket, or raise why it cannot be decided any more."""
+    won = transitions.move_tickets(
+        Ticket.objects.filter(pk=ticket.pk, expires_at__gt=now),
+        to=status,
+        decided_by=user,
+        decided_at=now,
+        decision_message=message,
+        always=always,
+        # A decision ends whoever was "on it".
+        claimed_by=None,
+        claimed_at=None,
+    )
+    if won:
+        return
+    refuse_unless_pending(Ticket.objects.select_related("decided_by").get(pk=ticket.pk), now)
+    raise TicketExpiredError("this ticket could not be decided; reload it")
+
+
+def decide(
+    ticket: Ticket, *, user, approve: bool, message: str = "", always: bool = False
+) -> Ticket:
+    """Approve or reject a pending ticket under its policy.
+
+    A rejection by anyone who may decide, or the approval that meets the policy's quorum and
+    group rules, is one compare-and-set from pending. An approval that does not yet meet them
+    is recorded as a vote and the ticket stays pending.
+    Side effects, in one transaction: a TicketVote for each approval; the ticket's decision
+    when it is final; audit event ticket.vote, ticket.approved (detail: every voter) or
+    ticket.rejected; when it was the run's last pending ticket, the run becomes queued and the
+    resume task is enqueued (the queue is in the same database, so both commit or neither);
+    after commit, live hints. Raises TicketNotFoundError (not the user's tenant),
+    NotAllowedError, SelfApprovalError, DigestMismatchError (the stored call is not the one the
+    ticket shows), AlreadyVotedError, TicketExpiredError, AlreadyDecidedError or
+    InvalidDecisionError, having written nothing.
+    """
+    message = checked_message(message)
+    if always and not approve:
+        raise InvalidDecisionError("'always' goes with an approval, not a rejection")
+    check_decider(ticket, user, approve=approve)
+    if approve and ticket.is_pending:
+        # The digest is checked when shown and again now: what is approved is what will run.
+        digest.require_verified(ticket)
+    with transaction.atomic():
+        # The run's lock orders decisions on one run, so exactly one of them sees "all decided".
+        # Only what is read here: the row also holds the state blob, which need not travel.
+        run = (
+            Run.objects.select_for_update()
+            .only("tenant_id", "status", "state_generation")
+            .get(pk=ticket.run_id)
+        )
+        now = timezone.now()
+        # Read under the lock: a policy change or an escalation may have moved the ticket.
+        current = Ticket.objects.select_related("policy", "decided_by").get(pk=ticket.pk)
+        refuse_unless_pending(current, now)
+        policy = scopes.policy_of(current)
+        refusal = quorum.refusal_for(user, current, policy)
+        if refusal:
+            raise NotAllowedError(refusal)
+        if always and not quorum.allows_always(policy):
+            raise InvalidDecisionError(
+                "'always' is not offered under this ticket's policy: it asks for more than one "
+                "person or rejects some arguments, so each later call needs its own approval"
+            )
+        if approve:
+            progress = vote(current, policy, user=user, now=now)
+            if not progress.met:
+                chain.append_for_ticket(
+                    ticket,
+                    action="ticket.vote",
+                    actor=user,
+                    outcome="pending",
+                    detail={"progress": progress.describe(), "policy": policy.version},
+                )
+                hints.notify_on_commit(
+                    ticket.tenant_id, "ticket.changed", ticket=ticket.pk, run=run.pk
+                )
+                ticket.refresh_from_db()
+                return ticket
+        status = TicketStatus.APPROVED if approve else TicketStatus.REJECTED
+        compare_and_set(ticket, status=status, user=user, now=now, message=message, always=always)
+        detail: dict[str, Any] = {"always": always, "message": message} if message or always else {}
+        if approve and (progress.count > 1 or policy.group_rules):
+            detail["voters"] = progress.voters
+            detail["policy"] = policy.version
+        chain.append_for_ticket(
+            ticket,
+            action="ticket.approved" if approve else "ticket.rejected",
+            actor=user,
+            outcome=status,
+            detail=detail,
+        )
+        hints.notify_on_commit(
+            ticket.tenant_id, "ticket.decided", ticket=ticket.pk, run=run.pk, status=status
+        )
+        queue.queue_if_decided(run, now=now, actor=user)
+    ticket.refresh_from_db()
+    return ticket
+
+
+def refuse_unless_pending(current: Ticket, now) -> None:
+    if current.status == TicketStatus.PENDING and current.expires_at > now:
+        return
+    if current.status in (TicketStatus.PENDING, TicketStatus.EXPIRED):
+        raise TicketExpiredError(
+            f"this ticket expired at {current.expires_at:%Y-%m-%d %H:%M:%S} UTC; "
+            "the agent must ask again"
+        )
+    if current.status == TicketStatus.SUPERSEDED:
+        raise TicketExpiredError("this ticket was withdrawn because its run ended")
+    raise AlreadyDecidedError(current)
+
+
+def vote(ticket: Ticket, policy: ApprovalPolicy, *, user, now) -> quorum.Progress:
+    """Record the user's approval as a vote and return where the quorum stands."""
+    votes = list(ticket.votes.filter(invalidated_at__isnull=True).select_related("user"))
+    mine = next((v for v in votes if v.user_id == user.pk), None)
+    if mine is not None:
+        progress = quorum.progress(ticket, policy, votes)
+        raise AlreadyVotedError(
+            f"you already approved this ticket at {mine.created_at:%Y-%m-%d %H:%M:%S} UTC; "
+            f"it needs another person ({progress.describe()})"
+        )
+    vote = TicketVote.objects.create(
+        ticket=ticket,
+        user=user,
+        policy=None if policy.is_builtin else policy,
+        created_at=now,
+        groups=quorum.counted_groups(quorum.groups_of(user, ticket.tenant_id), ticket, policy),
+    )
+    return quorum.progress(ticket, policy, [*votes, vote])
+
+
+def progress_of(ticket: Ticket) -> quorum.Progress:
+    """Where the ticket's approvals stand against its policy, as the page and the batch show it."""
+    return quorum.progress(
+        ticket, scopes.policy_of(ticket), list(ticket.votes.select_related("user"))
+    )

@@ -1,0 +1,80 @@
+"""The resume queue: a run whose tickets are all decided is queued, and its resume task enqueued in
+the same transaction.
+
+The task's work is the resume (approvals.runs.resume), which sits above this module: a resumed
+run that pauses again opens tickets, and their automatic decisions queue it here. So the resume
+is handed to this module when the app is ready (ApprovalsConfig.ready calls serve()), and the
+imports point one way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from django.db import connection
+from django_tasks import task
+
+from approvals import transitions
+from approvals.audit import chain
+from approvals.live import hints
+from approvals.models import (
+    Run,
+    RunStatus,
+    Ticket,
+    TicketStatus,
+)
+
+WAKE_CHANNEL = "approvals_resume"
+
+_resumers: list[Callable[[int], str]] = []
+
+
+def serve(resume: Callable[[int], str]) -> None:
+    """Set the function resume_run_task runs (run id in, the run's status out)."""
+    _resumers[:] = [resume]
+
+
+@task()
+def resume_run_task(run_id: int) -> str:
+    """The worker's task for a queued run: a primitive id in, the resume does the rest."""
+    if not _resumers:
+        raise RuntimeError("no resume is served: the approvals app is not ready")
+    return _resumers[0](run_id)
+
+
+def enqueue_resume(run_id: int) -> None:
+    """Queue the run's resume in the caller's transaction, and wake a worker when it commits.
+
+    The task row lives in the same database, so it commits or rolls back with the decision.
+    On PostgreSQL a NOTIFY (also transactional: delivered only on commit) wakes a listening
+    worker at once; a lost notification costs one poll interval, as the worker still polls.
+    """
+    resume_run_task.enqueue(run_id)
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(f"NOTIFY {WAKE_CHANNEL}")
+
+
+def queue_if_decided(run: Run, *, now, actor=None, actor_name: str = "") -> bool:
+    """When no ticket of the run's current state is pending, queue the run and its resume.
+
+    Runs inside the caller's transaction, which holds the run's lock.
+    """
+    still_pending = Ticket.objects.filter(
+        run=run, generation=run.state_generation, status=TicketStatus.PENDING
+    ).exists()
+    if still_pending or run.status != RunStatus.PAUSED:
+        return False
+    transitions.move_runs(Run.objects.filter(pk=run.pk), to=RunStatus.QUEUED, updated_at=now)
+    run.status = RunStatus.QUEUED
+    enqueue_resume(run.pk)
+    chain.append(
+        tenant_id=run.tenant_id,
+        action="run.queued",
+        actor=actor,
+        actor_name=actor_name,
+        run_id=run.pk,
+        outcome=RunStatus.QUEUED,
+    )
+    hints.notify_on_commit(run.tenant_id, "run.changed", run=run.pk, status=RunStatus.QUEUED)
+    return True

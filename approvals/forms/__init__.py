@@ -1,0 +1,1 @@
+"""The console's forms, one module per page family."""

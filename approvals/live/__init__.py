@@ -1,0 +1,1 @@
+"""Live hints to the console's pages, and the websocket that carries them."""

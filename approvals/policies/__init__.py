@@ -1,0 +1,1 @@
+"""Approval policies: which version governs a call, its quorum and rules, and how admins change them."""

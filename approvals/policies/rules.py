@@ -1,0 +1,160 @@
+"""Automatic decisions by rule on argument values, and the text syntax the policy form uses."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from approvals.models import (
+    ApprovalPolicy,
+)
+from approvals.policies import quorum
+
+OPERATORS = {
+    "eq": "==",
+    "ne": "!=",
+    "in": "in",
+    "not_in": "not in",
+    "matches": "matches",
+}
+
+
+_SYMBOLS = {symbol: op for op, symbol in OPERATORS.items()}
+
+
+@dataclass(frozen=True)
+class AutoDecision:
+    approve: bool
+    rule: str
+    reason: str
+
+
+def _lookup(arguments: Any, path: str) -> tuple[bool, Any]:
+    value = arguments
+    for part in path.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return False, None
+        value = value[part]
+    return True, value
+
+
+def _as_text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+
+
+def rule_matches(rule: dict, arguments: Any) -> bool:
+    """A missing argument never matches: an absent value is no evidence of low risk."""
+    found, value = _lookup(arguments, rule["argument"])
+    if not found:
+        return False
+    text, expected, op = _as_text(value), rule["value"], rule["op"]
+    if op == "eq":
+        return text == expected
+    if op == "ne":
+        return text != expected
+    options = [o.strip() for o in expected.split(",")]
+    if op == "in":
+        return text in options
+    if op == "not_in":
+        return text not in options
+    if op == "matches":
+        return re.fullmatch(expected, text) is not None
+    return False
+
+
+def describe_rule(rule: dict) -> str:
+    return (
+        f"{rule['decision']} if {rule['argument']} {OPERATORS[rule['op']]} {rule['value']} "
+        f"because {rule['reason']}"
+    )
+
+
+def automatic_decision(policy: ApprovalPolicy, arguments_json: str) -> AutoDecision | None:
+    """The first of the policy's rules that matches the canonical arguments, if any."""
+    if not policy.auto_rules:
+        return None
+    try:
+        arguments = json.loads(arguments_json)
+    except ValueError:
+        return None
+    for rule in policy.auto_rules:
+        if rule_matches(rule, arguments):
+            return AutoDecision(
+                approve=rule["decision"] == "approve",
+                rule=describe_rule(rule).split(" because ")[0],
+                reason=rule["reason"],
+            )
+    return None
+
+
+_RULE_LINE = re.compile(
+    r"^(?P<decision>approve|reject)\s+if\s+(?P<argument>[A-Za-z_][\w.]*)\s+"
+    r"(?P<op>==|!=|not\s+in|in|matches)\s+(?P<value>.+?)\s+because\s+(?P<reason>.+)$",
+    re.IGNORECASE,
+)
+
+
+_GROUP_LINE = re.compile(r"^(?P<count>\d+)\s+(?:from\s+)?(?P<group>.+)$")
+
+
+class RuleSyntaxError(ValueError):
+    pass
+
+
+def parse_auto_rules(text: str) -> list[dict]:
+    rules = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        line = line.strip()
+        if not line:
+            continue
+        match = _RULE_LINE.match(line)
+        if match is None:
+            raise RuleSyntaxError(
+                f"line {number}: write 'approve if ARGUMENT OP VALUE because REASON' "
+                "(OP is ==, !=, in, not in or matches)"
+            )
+        op = _SYMBOLS[" ".join(match["op"].lower().split())]
+        value = match["value"].strip()
+        if op == "matches":
+            try:
+                re.compile(value)
+            except re.error as error:
+                raise RuleSyntaxError(
+                    f"line {number}: {value!r} is not a valid regular expression ({error})"
+                ) from None
+        rules.append(
+            {
+                "argument": match["argument"],
+                "op": op,
+                "value": value,
+                "decision": match["decision"].lower(),
+                "reason": match["reason"].strip(),
+            }
+        )
+    return rules
+
+
+def format_auto_rules(rules: list[dict]) -> str:
+    return "\n".join(describe_rule(r) for r in rules)
+
+
+def parse_group_rules(text: str) -> list[dict]:
+    rules = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        line = line.strip()
+        if not line:
+            continue
+        match = _GROUP_LINE.match(line)
+        if match is None or not 1 <= int(match["count"]) <= quorum.MAX_APPROVALS:
+            raise RuleSyntaxError(
+                f"line {number}: write 'COUNT GROUP', e.g. '1 release managers' "
+                f"(COUNT from 1 to {quorum.MAX_APPROVALS})"
+            )
+        rules.append({"group": match["group"].strip(), "count": int(match["count"])})
+    return rules
+
+
+def format_group_rules(rules: list[dict]) -> str:
+    return "\n".join(f"{r['count']} {r['group']}" for r in rules)

@@ -1,0 +1,119 @@
+"""What must hold before the worker uses any of a run's stored state; a refusal parks the run."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from agents.run_state import CURRENT_SCHEMA_VERSION, SUPPORTED_SCHEMA_VERSIONS
+from django.conf import settings
+from django.utils import timezone
+
+from approvals import members
+from approvals.execution import registry
+from approvals.models import (
+    Run,
+    RunStatus,
+    Ticket,
+    TicketStatus,
+)
+from approvals.policies import quorum, scopes
+
+REGENERATE = "Regenerate the approval"
+
+
+class Refusal(Exception):
+    """The worker will not run this state; the run is parked with the reason."""
+
+    def __init__(self, reason: str, status: str = RunStatus.NEEDS_ATTENTION) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.status = status
+
+
+class Unavailable(Exception):
+    """Something the run needs is unreachable right now; nothing ran, so it can wait and retry."""
+
+
+def check_before_resume(run: Run, tickets: list[Ticket]) -> None:
+    """Everything that must hold before any of the stored state is used."""
+    if run.attempts > settings.APPROVALS_MAX_ATTEMPTS:
+        raise Refusal(
+            f"resumed {run.attempts - 1} times without finishing; look at the worker logs"
+        )
+    if not tickets:
+        raise Refusal("the run has no tickets for its current state")
+    undecided = [
+        t for t in tickets if t.status not in (TicketStatus.APPROVED, TicketStatus.REJECTED)
+    ]
+    if undecided:
+        raise Refusal(f"ticket {undecided[0].pk} is {undecided[0].status}, not decided")
+    now = timezone.now()
+    grace = timedelta(seconds=settings.APPROVALS_RESUME_GRACE_SECONDS)
+    # The run waits for its last ticket, whose expiry may be later than its siblings' (another
+    # policy, an escalation): an approval is stale only once the whole generation has expired.
+    deadline = max(t.expires_at for t in tickets)
+    for ticket in tickets:
+        if ticket.status == TicketStatus.REJECTED and ticket.decision_source == "expiry":
+            # Rejected because it expired: the decision is the expiry itself, and runs nothing.
+            continue
+        if ticket.decided_at is None or ticket.decided_at > ticket.expires_at:
+            raise Refusal(
+                f"{REGENERATE}: ticket {ticket.pk} was decided after it expired", RunStatus.EXPIRED
+            )
+        # A decision is good until the tickets' expiry; a resume that starts much later must
+        # not act on a stale approval. A rejection runs nothing, so it never goes stale.
+        if ticket.status == TicketStatus.APPROVED and now > deadline + grace:
+            raise Refusal(
+                f"{REGENERATE}: ticket {ticket.pk} expired at "
+                f"{deadline:%Y-%m-%d %H:%M:%S} UTC before the run could resume",
+                RunStatus.EXPIRED,
+            )
+        if ticket.status == TicketStatus.APPROVED and ticket.decision_source != "rule":
+            approver = ticket.decided_by
+            membership = members.membership_for(approver, run.tenant_id) if approver else None
+            if membership is None or not membership.can_decide:
+                who = approver.get_username() if approver else "a deleted user"
+                raise Refusal(
+                    f"{REGENERATE}: {who}, who approved ticket {ticket.pk}, may no longer approve"
+                )
+            if ticket.is_requested_by(approver):
+                raise Refusal(f"{REGENERATE}: ticket {ticket.pk} was approved by its requester")
+            # Every vote of a quorum counts, so each voter must still hold, not only the last.
+            votes = list(ticket.votes.filter(invalidated_at__isnull=True).select_related("user"))
+            for vote in votes:
+                voter = members.membership_for(vote.user, run.tenant_id)
+                if voter is None or not voter.can_decide or ticket.is_requested_by(vote.user):
+                    raise Refusal(
+                        f"{REGENERATE}: {vote.user.get_username()}, whose approval counted for "
+                        f"ticket {ticket.pk}, may no longer approve"
+                    )
+            # Group membership counts as it is now, not as it was at the vote: someone taken
+            # out of a group since no longer speaks for it.
+            policy = scopes.policy_of(ticket)
+            if policy.group_rules or policy.allowed_groups or policy.escalation_group:
+                for vote in votes:
+                    now_in = quorum.groups_of(vote.user, run.tenant_id)
+                    vote.groups = [g for g in vote.groups if g in now_in]
+                    why = quorum.vote_refusal(vote, now_in, ticket, policy)
+                    if why:
+                        raise Refusal(
+                            f"{REGENERATE}: {vote.user.get_username()}, whose approval counted "
+                            f"for ticket {ticket.pk}, may no longer approve it: {why}"
+                        )
+            # And the quorum itself: a voter whose account was deleted took the vote along.
+            if policy.required_approvals > 1 or policy.group_rules:
+                progress = quorum.progress(ticket, policy, votes)
+                if not progress.met:
+                    raise Refusal(
+                        f"{REGENERATE}: ticket {ticket.pk} no longer has the approvals its "
+                        f"policy needs ({progress.describe()})"
+                    )
+    if run.schema_version not in SUPPORTED_SCHEMA_VERSIONS:
+        raise Refusal(
+            f"{REGENERATE}: the state was written in SDK schema {run.schema_version!r}, which this "
+            f"SDK (schema {CURRENT_SCHEMA_VERSION}) cannot load"
+        )
+    try:
+        registry.get_spec(run.agent_key, run.agent_version)
+    except registry.UnknownAgentError as error:
+        raise Refusal(f"{REGENERATE}: {error}") from None

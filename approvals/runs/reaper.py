@@ -1,0 +1,101 @@
+"""The reaper: runs whose worker died go back to the queue; tickets nobody decided in time get their
+policy's expiry action (decisions.expiry).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from approvals import transitions
+from approvals.audit import chain
+from approvals.decisions import expiry
+from approvals.execution import queue
+from approvals.live import hints
+from approvals.models import (
+    Run,
+    RunStatus,
+    Ticket,
+    TicketStatus,
+)
+
+
+@dataclass
+class ReapReport:
+    requeued: list[int] = field(default_factory=list)
+    reenqueued: list[int] = field(default_factory=list)
+    expired_runs: list[int] = field(default_factory=list)
+    rejected: list[int] = field(default_factory=list)
+    escalated: list[int] = field(default_factory=list)
+    queued: list[int] = field(default_factory=list)
+
+
+def reap(*, now=None) -> ReapReport:
+    """Recover what workers left behind, and expire what nobody decided in time.
+
+    Side effects: runs whose lease expired (their worker died) go back to queued with a new
+    resume task; queued runs that waited longer than a lease get their task again (a duplicate
+    is harmless: the claim lets one through); a pending ticket past its expiry gets its
+    policy's expiry action: "expire" (the ticket and its paused run expire), "reject" (the
+    ticket is rejected with a message for the model, ticket.rejected with detail by=expiry, and
+    the run is queued when nothing else of it is pending) or "escalate" (ticket.escalated: the
+    escalation group decides, with a new expiry; a second lapse rejects). Audit events and live
+    hints for each.
+    """
+    now = now or timezone.now()
+    report = ReapReport()
+    stale = now - timedelta(seconds=settings.APPROVALS_LEASE_SECONDS)
+    for run_id in Run.objects.filter(
+        status=RunStatus.RESUMING, lease_expires_at__lt=now
+    ).values_list("pk", flat=True):
+        with transaction.atomic():
+            run = Run.objects.filter(pk=run_id).first()
+            moved = transitions.move_runs(
+                Run.objects.filter(pk=run_id, status=RunStatus.RESUMING, lease_expires_at__lt=now),
+                to=RunStatus.QUEUED,
+                lease_owner="",
+                lease_expires_at=None,
+                updated_at=now,
+            )
+            if not moved:
+                continue
+            queue.enqueue_resume(run_id)
+            chain.append(
+                tenant_id=run.tenant_id,
+                action="run.requeued",
+                actor_name="reaper",
+                run_id=run_id,
+                outcome=RunStatus.QUEUED,
+                detail={"reason": f"worker {run.lease_owner} stopped renewing its lease"},
+            )
+            hints.notify_on_commit(
+                run.tenant_id, "run.changed", run=run_id, status=RunStatus.QUEUED
+            )
+        report.requeued.append(run_id)
+    for run_id in Run.objects.filter(status=RunStatus.QUEUED, updated_at__lt=stale).values_list(
+        "pk", flat=True
+    ):
+        with transaction.atomic():
+            if Run.objects.filter(pk=run_id, status=RunStatus.QUEUED, updated_at__lt=stale).update(
+                updated_at=now
+            ):
+                queue.enqueue_resume(run_id)
+                report.reenqueued.append(run_id)
+    expired_run_ids = (
+        Ticket.objects.filter(status=TicketStatus.PENDING, expires_at__lte=now)
+        .values_list("run_id", flat=True)
+        .distinct()
+    )
+    for run_id in list(expired_run_ids):
+        done = expiry.expire_run_tickets(run_id, now=now)
+        report.escalated += done.escalated
+        report.rejected += done.rejected
+        if done.run_expired:
+            report.expired_runs.append(run_id)
+        if done.run_queued:
+            report.queued.append(run_id)
+    return report

@@ -1,0 +1,93 @@
+"""The two state machines, runs and tickets: every status write goes through move_runs() or
+move_tickets().
+
+Each is one conditional UPDATE from the statuses that may move to the target, so a transition
+that is not in the table never happens, and two writers racing for the same row cannot both
+win: the caller learns from the count it gets back. The callers add their own conditions (the
+lease a worker holds, a ticket's expiry) and write the audit event and live hint that go with
+the move, in the same transaction.
+
+    run:    paused -> queued -> resuming -> completed | failed | needs attention | expired
+                                        -> paused (new tickets) | queued (retry later)
+            resuming -> resuming (a lapsed lease claimed again); paused -> expired;
+            needs attention -> queued (a person resolved it) | failed (a person stopped it)
+    ticket: pending -> approved | rejected | expired | superseded
+"""
+
+from __future__ import annotations
+
+from django.db.models import QuerySet
+from django.utils import timezone
+
+from approvals.models import Run, RunStatus, Ticket, TicketStatus
+
+RUN_TRANSITIONS: dict[str, frozenset[str]] = {
+    RunStatus.PAUSED: frozenset({RunStatus.QUEUED, RunStatus.EXPIRED}),
+    RunStatus.QUEUED: frozenset({RunStatus.RESUMING}),
+    RunStatus.RESUMING: frozenset(
+        {
+            RunStatus.RESUMING,
+            RunStatus.PAUSED,
+            RunStatus.QUEUED,
+            RunStatus.COMPLETED,
+            RunStatus.FAILED,
+            RunStatus.NEEDS_ATTENTION,
+            RunStatus.EXPIRED,
+        }
+    ),
+    RunStatus.NEEDS_ATTENTION: frozenset({RunStatus.QUEUED, RunStatus.FAILED}),
+    RunStatus.COMPLETED: frozenset(),
+    RunStatus.FAILED: frozenset(),
+    RunStatus.EXPIRED: frozenset(),
+}
+
+TICKET_TRANSITIONS: dict[str, frozenset[str]] = {
+    TicketStatus.PENDING: frozenset(
+        {
+            TicketStatus.APPROVED,
+            TicketStatus.REJECTED,
+            TicketStatus.EXPIRED,
+            TicketStatus.SUPERSEDED,
+        }
+    ),
+    TicketStatus.APPROVED: frozenset(),
+    TicketStatus.REJECTED: frozenset(),
+    TicketStatus.EXPIRED: frozenset(),
+    TicketStatus.SUPERSEDED: frozenset(),
+}
+
+
+class TransitionError(ValueError):
+    """A move no state machine allows: a bug in the caller, never a user's mistake."""
+
+
+def _sources(table: dict[str, frozenset[str]], to: str) -> list[str]:
+    if to not in table:
+        raise TransitionError(f"'{to}' is not a status")
+    sources = [status for status, targets in table.items() if to in targets]
+    if not sources:
+        raise TransitionError(f"nothing moves to '{to}'")
+    return sources
+
+
+def move_runs(runs: QuerySet[Run], *, to: str, **fields) -> int:
+    """Move the runs of the queryset that may move to `to`; returns how many moved.
+
+    Also sets `updated_at` (now, unless given) and any other field passed.
+    Raises TransitionError when no status may move to `to`.
+    """
+    fields.setdefault("updated_at", timezone.now())
+    return runs.filter(status__in=_sources(RUN_TRANSITIONS, to)).update(status=to, **fields)
+
+
+def move_tickets(tickets: QuerySet[Ticket], *, to: str, **fields) -> int:
+    """Move the tickets of the queryset that may move to `to` (pending ones); returns how many.
+
+    Raises TransitionError when no status may move to `to`.
+    """
+    return tickets.filter(status__in=_sources(TICKET_TRANSITIONS, to)).update(status=to, **fields)
+
+
+def supersede_pending(run: Run) -> int:
+    """The run ended: its tickets still pending can no longer be decided."""
+    return move_tickets(Ticket.objects.filter(run=run), to=TicketStatus.SUPERSEDED)

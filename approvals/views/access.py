@@ -1,0 +1,72 @@
+"""Who may see what: the one lookup per object kind that answers 404 outside the user's tenants."""
+
+from __future__ import annotations
+
+from django.http import Http404, HttpRequest
+from django_htmx.middleware import HtmxDetails
+
+from approvals.models import Membership, Run, Tenant, Ticket
+
+
+class HtmxHttpRequest(HttpRequest):
+    htmx: HtmxDetails
+
+
+def memberships(request: HttpRequest) -> dict[int, Membership]:
+    cached = getattr(request, "_console_memberships", None)
+    if cached is None:
+        cached = {
+            m.tenant_id: m
+            for m in Membership.objects.filter(user=request.user).select_related("tenant")
+        }
+        request._console_memberships = cached
+    return cached
+
+
+def get_ticket_for_user(request: HttpRequest, pk: int) -> tuple[Ticket, Membership]:
+    mine = memberships(request)
+    ticket = (
+        Ticket.objects.select_related("run", "tenant", "requested_by", "decided_by")
+        .filter(pk=pk, tenant_id__in=mine.keys())
+        .first()
+    )
+    if ticket is None:
+        raise Http404("No such ticket.")
+    return ticket, mine[ticket.tenant_id]
+
+
+def get_run_for_user(request: HttpRequest, pk: int) -> tuple[Run, Membership]:
+    mine = memberships(request)
+    run = (
+        Run.objects.select_related("tenant", "requested_by")
+        .filter(pk=pk, tenant_id__in=mine.keys())
+        .first()
+    )
+    if run is None:
+        raise Http404("No such run.")
+    return run, mine[run.tenant_id]
+
+
+def active_tenant(request: HttpRequest) -> str:
+    slug = request.session.get("console_tenant", "")
+    slugs = {m.tenant.slug for m in memberships(request).values()}
+    return slug if slug in slugs else ""
+
+
+def with_query(request: HttpRequest, **changes: str) -> str:
+    query = request.GET.copy()
+    for key, value in changes.items():
+        query[key] = value
+    return query.urlencode()
+
+
+def admin_tenants(request: HttpRequest) -> dict[str, Tenant]:
+    """The tenants the user administers, by slug."""
+    return {m.tenant.slug: m.tenant for m in memberships(request).values() if m.is_admin}
+
+
+def history_tenants(request: HttpRequest) -> dict[int, Tenant]:
+    """The tenants whose audit history the user reads, by id."""
+    return {
+        tenant_id: m.tenant for tenant_id, m in memberships(request).items() if m.can_read_history
+    }

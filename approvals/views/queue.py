@@ -1,0 +1,96 @@
+"""The queue: pending tool calls of the user's tenants, filtered, keyset-paged, live."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.conf import settings
+from django.contrib.auth.decorators import login_required
+from django.http import (
+    HttpResponse,
+)
+from django.shortcuts import render
+from django.utils import timezone
+from django.views.decorators.http import require_GET
+
+from approvals.core import presenters
+from approvals.core.pagination import BadCursor, after_descending
+from approvals.execution import registry
+from approvals.forms.filters import QueueFilterForm
+from approvals.models import (
+    Membership,
+    Ticket,
+    TicketStatus,
+)
+from approvals.views import access
+from approvals.views.access import HtmxHttpRequest
+
+QUEUE_PAGE = 25
+
+
+@login_required
+@require_GET
+def queue(request: HtmxHttpRequest) -> HttpResponse:
+    memberships = access.memberships(request)
+    slugs = sorted(m.tenant.slug for m in memberships.values())
+    data = request.GET.copy()
+    if "tenant" not in data:
+        data["tenant"] = access.active_tenant(request)
+    form = QueueFilterForm(data, tenant_slugs=slugs)
+    status = 200
+    page = None
+    if form.is_valid():
+        filters = form.cleaned_data
+        tickets = Ticket.objects.filter(
+            tenant_id__in=memberships.keys(), status=TicketStatus.PENDING
+        ).select_related("run", "tenant", "requested_by", "claimed_by")
+        if filters["tenant"]:
+            tickets = tickets.filter(tenant__slug=filters["tenant"])
+        if filters["agent"]:
+            tickets = tickets.filter(run__agent_key=filters["agent"])
+        if filters["tool"]:
+            tickets = tickets.filter(tool_name=filters["tool"])
+        if filters["requester"]:
+            tickets = tickets.filter(requested_by__username=filters["requester"])
+        try:
+            page = after_descending(
+                tickets, ("created_at", "id"), filters["after"] or None, (datetime, int), QUEUE_PAGE
+            )
+        except BadCursor as error:
+            form.add_error("after", str(error))
+    if page is None:
+        status = 400
+    # Filter choices come from configuration and memberships, never from scanning tickets.
+    context = {
+        "form": form,
+        "page": page,
+        "rows": [_queue_row(t, memberships) for t in page.rows] if page else [],
+        "may_batch": any(m.can_decide for m in memberships.values()),
+        "tenants": slugs,
+        "tools": registry.tool_names(),
+        "agents": sorted(settings.APPROVALS_AGENTS),
+        "requesters": sorted(
+            set(
+                Membership.objects.filter(tenant_id__in=memberships.keys()).values_list(
+                    "user__username", flat=True
+                )
+            )
+        ),
+        "next_query": access.with_query(request, after=page.next_cursor)
+        if page and page.next_cursor
+        else "",
+        "now": timezone.now(),
+    }
+    template = "approvals/queue.html"
+    if request.htmx and request.htmx.target == "queue-rows":
+        template += "#rows"
+    return render(request, template, context, status=status)
+
+
+def _queue_row(ticket: Ticket, memberships: dict[int, Membership]) -> dict:
+    return {
+        "ticket": ticket,
+        "summary": presenters.summary(ticket.arguments_json),
+        "claimant": ticket.active_claimant,
+        "may_select": memberships[ticket.tenant_id].can_decide,
+    }

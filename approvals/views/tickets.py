@@ -1,0 +1,197 @@
+"""A ticket: the exact call, its digest check, the diff, the conversation so far, and the decision."""
+
+from __future__ import annotations
+
+import json
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.db.models import Q
+from django.http import (
+    HttpRequest,
+    HttpResponse,
+)
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.utils import timezone
+from django.views.decorators.http import require_GET, require_POST
+from django_htmx.http import HttpResponseClientRedirect
+
+from approvals.core import presenters
+from approvals.core.errors import DomainError
+from approvals.decisions import comments, decide, digest
+from approvals.forms.decisions import CommentForm, DecisionForm
+from approvals.models import (
+    Membership,
+    PreAuthorization,
+    Ticket,
+    TicketStatus,
+)
+from approvals.policies import quorum, scopes
+from approvals.views import access, errors
+from approvals.views.access import HtmxHttpRequest
+
+
+def ticket_context(request: HttpRequest, ticket: Ticket, membership: Membership) -> dict:
+    run = ticket.run
+    state_json, problem = digest.read_state(run)
+    current = ticket.generation == run.state_generation
+    check = (
+        digest.check_digest(ticket, state_json, problem) if current and ticket.is_pending else None
+    )
+    previous = (
+        Ticket.objects.filter(
+            tenant_id=ticket.tenant_id, tool_name=ticket.tool_name, status=TicketStatus.APPROVED
+        )
+        .exclude(pk=ticket.pk)
+        .select_related("decided_by")
+        .order_by("-decided_at", "-pk")
+        .first()
+    )
+    changes = (
+        presenters.diff(json.loads(previous.arguments_json), json.loads(ticket.arguments_json))
+        if previous
+        else None
+    )
+    expired = ticket.is_expired
+    policy = scopes.policy_of(ticket)
+    votes = list(ticket.votes.select_related("user", "policy"))
+    my_vote = next((v for v in votes if v.is_valid and v.user_id == request.user.pk), None)
+    policy_refusal = (
+        quorum.refusal_for(request.user, ticket, policy)
+        if membership.can_decide and ticket.is_pending
+        else ""
+    )
+    may_decide = membership.can_decide and ticket.is_pending and not expired and not policy_refusal
+    # Edit and approve: the pre-authorisation this ticket made (edited_into) or used (edited_from).
+    edits = {
+        "into" if p.original_ticket_id == ticket.pk else "from": p
+        for p in PreAuthorization.objects.filter(
+            Q(original_ticket=ticket) | Q(used_by=ticket)
+        ).select_related("created_by", "original_ticket")
+    }
+    edit = edits.get("into") or edits.get("from")
+    return {
+        "policy": policy,
+        "progress": quorum.progress(ticket, policy, votes),
+        "my_vote": my_vote,
+        "policy_refusal": policy_refusal,
+        "invalidations": _invalidations(votes),
+        "ticket": ticket,
+        "run": run,
+        "membership": membership,
+        "arguments": presenters.arguments_rows_from_json(ticket.arguments_json),
+        "transcript": presenters.transcript(state_json) if state_json else [],
+        "state_problem": problem,
+        "check": check,
+        "previous": previous,
+        "changes": changes,
+        "expired": expired,
+        # Rejecting stays possible when the digest fails; only approving needs a verified call.
+        "may_decide": may_decide,
+        "may_approve": may_decide
+        and (check is not None and check.ok)
+        and not ticket.is_requested_by(request.user)
+        and my_vote is None,
+        "is_requester": ticket.is_requested_by(request.user),
+        "may_edit": may_decide and not ticket.is_requested_by(request.user),
+        "edited_into": edits.get("into"),
+        "edited_from": edits.get("from"),
+        "edit_changes": _edit_changes(edit) if edit else None,
+        "edit_expired": edit is not None and edit.expires_at <= timezone.now(),
+        "may_always": quorum.allows_always(policy),
+        "form": DecisionForm(),
+        **team_context(ticket, membership),
+    }
+
+
+def _invalidations(votes: list) -> list[str]:
+    """One sentence per policy change that invalidated approvals on this ticket."""
+    grouped: dict[tuple, list] = {}
+    for vote in votes:
+        if not vote.is_valid:
+            version = vote.policy.version if vote.policy_id else 0
+            grouped.setdefault((version, vote.invalidated_reason), []).append(vote)
+    sentences = []
+    for (version, reason), lost in grouped.items():
+        noun = "approval" if len(lost) == 1 else "approvals"
+        names = ", ".join(v.user.get_username() for v in lost)
+        label = f"policy v{version}" if version else "the built-in default policy"
+        sentences.append(f"{len(lost)} {noun} ({names}) given under {label} were {reason}.")
+    return sentences
+
+
+def team_context(ticket: Ticket, membership: Membership) -> dict:
+    """What the claim and discussion panels need; they re-read it alone on a live hint."""
+    return {
+        "ticket": ticket,
+        "membership": membership,
+        "claimant": ticket.active_claimant,
+        "may_claim": membership.can_decide and ticket.is_pending and not ticket.is_expired,
+        "comments": comments.comments(ticket),
+        "may_comment": comments.may_comment(membership),
+        "comment_form": CommentForm(),
+    }
+
+
+# Live regions of the ticket page that re-read without the rest of the page.
+TEAM_PARTIALS = {"claim", "comment-list"}
+
+
+def _edit_changes(pre: PreAuthorization) -> list[presenters.Change]:
+    return presenters.diff(
+        json.loads(pre.original_ticket.arguments_json), json.loads(pre.arguments_json)
+    )
+
+
+@login_required
+@require_GET
+def ticket_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    ticket, membership = access.get_ticket_for_user(request, pk)
+    template = "approvals/ticket.html"
+    if request.htmx and request.htmx.target in TEAM_PARTIALS:
+        # Cheap re-reads: no state to decrypt for who is on it or what was said.
+        context = team_context(ticket, membership)
+        return render(request, f"{template}#{request.htmx.target}", context)
+    if request.htmx and request.htmx.target == "decision":
+        template += "#decision"
+    return render(request, template, ticket_context(request, ticket, membership))
+
+
+@login_required
+@require_POST
+def ticket_decide(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    ticket, membership = access.get_ticket_for_user(request, pk)
+    form = DecisionForm(request.POST)
+    problem, status = "", 200
+    if not form.is_valid():
+        problem, status = " ".join(m for errors in form.errors.values() for m in errors), 400
+    else:
+        try:
+            # Every rule is the service's: roles, self-approval, the digest gate, the quorum.
+            ticket = decide.decide(
+                ticket,
+                user=request.user,
+                approve=form.cleaned_data["decision"] == "approve",
+                message=form.cleaned_data["message"],
+                always=form.cleaned_data["always"],
+            )
+        except DomainError as error:
+            problem, status = errors.explain(error)
+    if status == 200 and ticket.is_pending:
+        # A vote that does not complete the quorum: the ticket waits for the others.
+        progress = decide.progress_of(ticket)
+        messages.success(request, f"Your approval is recorded: {progress.describe()}.")
+        url = reverse("approvals:ticket", args=[ticket.pk])
+        return HttpResponseClientRedirect(url) if request.htmx else redirect(url)
+    if status == 200:
+        verb = "approved" if form.cleaned_data["decision"] == "approve" else "rejected"
+        messages.success(request, f"Ticket #{ticket.pk} {verb}. The run continues in the worker.")
+        url = reverse("approvals:run", args=[ticket.run_id])
+        return HttpResponseClientRedirect(url) if request.htmx else redirect(url)
+    ticket.refresh_from_db()
+    context = ticket_context(request, ticket, membership)
+    context["problem"] = problem
+    context["form"] = form
+    template = "approvals/ticket.html#decision" if request.htmx else "approvals/ticket.html"
+    return render(request, template, context, status=status)

@@ -1,0 +1,111 @@
+"""The two state machines: every status write is a move the table allows, made in one place."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from approvals import transitions
+from approvals.models import Run, RunStatus, Ticket, TicketStatus
+from tests.factories import TenantFactory, member, paused_run
+
+pytestmark = pytest.mark.django_db
+
+APPROVALS = Path(__file__).resolve().parents[2] / "approvals"
+
+
+@pytest.fixture
+def run():
+    tenant = TenantFactory()
+    return paused_run(tenant, requested_by=member(tenant))
+
+
+def test_move_runs_moves_an_allowed_transition(run):
+    moved = transitions.move_runs(Run.objects.filter(pk=run.pk), to=RunStatus.QUEUED)
+
+    assert moved == 1
+    assert Run.objects.get(pk=run.pk).status == RunStatus.QUEUED
+
+
+@pytest.mark.parametrize("finished", [RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.EXPIRED])
+def test_move_runs_never_moves_a_finished_run(run, finished):
+    Run.objects.filter(pk=run.pk).update(status=finished)
+
+    for target in (RunStatus.QUEUED, RunStatus.RESUMING, RunStatus.PAUSED):
+        assert transitions.move_runs(Run.objects.filter(pk=run.pk), to=target) == 0
+    assert Run.objects.get(pk=run.pk).status == finished
+
+
+def test_move_runs_skips_a_paused_run_asked_to_complete(run):
+    """Only a resuming run completes: paused -> completed is not in the table."""
+    assert transitions.move_runs(Run.objects.filter(pk=run.pk), to=RunStatus.COMPLETED) == 0
+    assert Run.objects.get(pk=run.pk).status == RunStatus.PAUSED
+
+
+def test_move_runs_refuses_an_unknown_status(run):
+    with pytest.raises(transitions.TransitionError, match="'done' is not a status"):
+        transitions.move_runs(Run.objects.filter(pk=run.pk), to="done")
+
+
+def test_move_runs_refuses_a_status_nothing_moves_to(run):
+    """A run is created paused or moved back by a resume; nothing moves a run to a status
+    that is not in some row of the table."""
+    table = dict(transitions.RUN_TRANSITIONS)
+    assert {t for targets in table.values() for t in targets} == set(RunStatus.values)
+
+
+def test_move_tickets_decides_only_pending_tickets(run):
+    ticket = Ticket.objects.get(run=run)
+    tickets = Ticket.objects.filter(pk=ticket.pk)
+
+    assert transitions.move_tickets(tickets, to=TicketStatus.APPROVED) == 1
+    assert transitions.move_tickets(tickets, to=TicketStatus.REJECTED) == 0
+    assert Ticket.objects.get(pk=ticket.pk).status == TicketStatus.APPROVED
+
+
+def test_move_tickets_refuses_back_to_pending(run):
+    with pytest.raises(transitions.TransitionError, match="nothing moves to 'pending'"):
+        transitions.move_tickets(Ticket.objects.filter(run=run), to=TicketStatus.PENDING)
+
+
+def test_supersede_pending_leaves_decided_tickets_alone(run):
+    ticket = Ticket.objects.get(run=run)
+    Ticket.objects.filter(pk=ticket.pk).update(status=TicketStatus.REJECTED)
+
+    assert transitions.supersede_pending(run) == 0
+    assert Ticket.objects.get(pk=ticket.pk).status == TicketStatus.REJECTED
+
+
+def _status_writes(tree: ast.AST) -> list[int]:
+    """Lines that write a status column: .update(status=...), .create(status=...) or a save
+    whose update_fields name "status"."""
+    lines = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
+            continue
+        keywords = {k.arg: k.value for k in node.keywords}
+        status = keywords.get("status")
+        # The ledger's rows have statuses of their own (claimed, done, failed): no state machine.
+        if status is not None and ast.unparse(status).startswith("LedgerStatus."):
+            continue
+        if node.func.attr in {"update", "create", "update_or_create"} and status is not None:
+            lines.append(node.lineno)
+        fields = keywords.get("update_fields")
+        if node.func.attr == "save" and fields is not None and "status" in ast.unparse(fields):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_every_status_write_goes_through_transitions():
+    """Outside transitions.py no product module writes a run's or a ticket's status."""
+    writers = {}
+    for path in sorted(APPROVALS.rglob("*.py")):
+        if "migrations" in path.parts or path.name == "transitions.py":
+            continue
+        lines = _status_writes(ast.parse(path.read_text()))
+        if lines:
+            writers[str(path.relative_to(APPROVALS))] = lines
+    assert writers == {}
+

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from agents import set_tracing_disabled
 from django.apps import AppConfig
 from django.conf import settings
 
@@ -18,7 +19,5 @@ class ApprovalsConfig(AppConfig):
         queue.serve(resume.resume_by_id)
 
         if not settings.OPENAI_API_KEY:
-            from agents import set_tracing_disabled
-
             # Without a key the SDK would try, and fail, to export traces on every run.
             set_tracing_disabled(True)

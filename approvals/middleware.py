@@ -5,7 +5,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from django.http import HttpRequest, HttpResponse
+from django.db import DataError, InterfaceError, OperationalError, connection
+from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
+from django.shortcuts import render
 
 logger = logging.getLogger(__name__)
 
@@ -56,9 +58,6 @@ class DatabaseUnavailableMiddleware:
         return self.get_response(request)
 
     def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
-        from django.db import InterfaceError, OperationalError, connection
-        from django.shortcuts import render
-
         if not isinstance(exception, OperationalError | InterfaceError):
             return None
         logger.warning(
@@ -87,9 +86,6 @@ class UnstorableValueMiddleware:
         return self.get_response(request)
 
     def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
-        from django.db import DataError
-        from django.http import HttpResponseBadRequest
-
         if not isinstance(exception, DataError):
             return None
         logger.info(

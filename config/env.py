@@ -13,8 +13,9 @@ import re
 import secrets
 import sys
 from pathlib import Path
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import urlsplit
 
+import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
 _KEY_ID = re.compile(r"^[A-Za-z0-9_.-]{1,32}$")
@@ -68,43 +69,36 @@ def env_url(name: str, default: str) -> str:
 
 
 def database_from_url(url: str, *, base_dir: Path, pool_size: int = 0) -> dict:
-    """DATABASES entry for a postgres:// or sqlite:/// URL.
+    """DATABASES entry for a postgres:// or sqlite:/// URL (parsed by dj-database-url).
 
     pool_size > 0 gives each process a pool of at most that many PostgreSQL connections
     (psycopg_pool, checked before each use), so a request, a task or a tool thread borrows an
     open connection instead of opening one (several milliseconds each).
     """
-    parts = urlsplit(url)
-    options: dict = dict(parse_qsl(parts.query))
-    if parts.scheme in {"postgres", "postgresql", "pgsql"}:
-        name = unquote(parts.path.lstrip("/"))
-        if not name:
-            raise ImproperlyConfigured("DATABASE_URL names no database (postgres://user@host/NAME)")
-        if pool_size > 0:
-            options["pool"] = {"min_size": min(2, pool_size), "max_size": pool_size, "timeout": 10}
-        return {
-            "ENGINE": "django.db.backends.postgresql",
-            "NAME": name,
-            "USER": unquote(parts.username or ""),
-            "PASSWORD": unquote(parts.password or ""),
-            "HOST": parts.hostname or "",
-            "PORT": str(parts.port or ""),
-            "CONN_MAX_AGE": 0,
-            "CONN_HEALTH_CHECKS": pool_size > 0,
-            "OPTIONS": options,
-            "TEST": {"NAME": f"test_{name}"},
-        }
-    if parts.scheme == "sqlite":
-        path = unquote(parts.path)
-        # sqlite:///relative.db leaves "/relative.db"; sqlite:////abs/path.db leaves "//abs/...".
-        path = path[1:] if path.startswith("/") else path
-        if not path:
+    scheme = urlsplit(url).scheme
+    if scheme not in {"postgres", "postgresql", "pgsql", "sqlite"}:
+        raise ImproperlyConfigured(
+            f"DATABASE_URL scheme {scheme!r} is not supported (use postgres:// or sqlite:///)"
+        )
+    config = dj_database_url.parse(url, conn_max_age=0)
+    if scheme == "sqlite":
+        path = config["NAME"]
+        # dj-database-url reads "sqlite:///" as an in-memory database, which no worker can share.
+        if not path or path in {"/", ":memory:"}:
             raise ImproperlyConfigured("DATABASE_URL names no SQLite file (sqlite:///path.db)")
         file = Path(path) if Path(path).is_absolute() else base_dir / path
         return sqlite_database(file)
-    raise ImproperlyConfigured(
-        f"DATABASE_URL scheme {parts.scheme!r} is not supported (use postgres:// or sqlite:///)"
+    if not config["NAME"]:
+        raise ImproperlyConfigured("DATABASE_URL names no database (postgres://user@host/NAME)")
+    options = config.setdefault("OPTIONS", {})
+    if pool_size > 0:
+        options["pool"] = {"min_size": min(2, pool_size), "max_size": pool_size, "timeout": 10}
+    config.update(
+        PORT=str(config["PORT"] or ""),
+        CONN_HEALTH_CHECKS=pool_size > 0,
+        TEST={"NAME": f"test_{config['NAME']}"},
     )
+    return config
 
 
 def sqlite_database(file: Path) -> dict:

@@ -11,8 +11,11 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from agents.extensions.memory import RedisSession
 from agents.memory import OpenAIConversationsSession, SQLiteSession
 from django.conf import settings
+from django.utils.module_loading import import_string
+from openai import AsyncOpenAI
 
 
 class UnsupportedSessionError(ValueError):
@@ -48,11 +51,7 @@ def describe(session) -> SessionRef:
                 "the OpenAI conversation has not been created yet; run at least one turn first"
             ) from None
         return SessionRef("openai_conversations", conversation_id)
-    try:
-        from agents.extensions.memory import RedisSession
-    except ImportError:  # pragma: no cover - the redis extra is a dependency
-        RedisSession = None  # noqa: N806
-    if RedisSession is not None and isinstance(session, RedisSession):
+    if isinstance(session, RedisSession):
         return SessionRef("redis", session.session_id, session._key_prefix)
     describe_self = getattr(session, "describe_for_console", None)
     if callable(describe_self):
@@ -65,8 +64,6 @@ def openai_client():
     """The client for the Conversations API: the SDK's default, or one for OPENAI_BASE_URL."""
     if not settings.APPROVALS_OPENAI_BASE_URL:
         return None
-    from openai import AsyncOpenAI
-
     return AsyncOpenAI(
         api_key=settings.OPENAI_API_KEY or "not-needed", base_url=settings.APPROVALS_OPENAI_BASE_URL
     )
@@ -77,8 +74,6 @@ def _open_custom(ref: SessionRef):
     path = openers.get(ref.backend)
     if path is None:
         raise UnsupportedSessionError(f"no session backend named {ref.backend!r} is configured")
-    from django.utils.module_loading import import_string
-
     return import_string(path)(ref.session_id, ref.location)
 
 
@@ -96,8 +91,6 @@ async def reopen(ref: SessionRef) -> AsyncIterator[object | None]:
             session.close()
         return
     if ref.backend == "redis":
-        from agents.extensions.memory import RedisSession
-
         if not settings.REDIS_URL:
             raise UnsupportedSessionError("the run's session is in Redis but REDIS_URL is not set")
         session = RedisSession.from_url(

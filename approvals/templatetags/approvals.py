@@ -3,7 +3,9 @@ from __future__ import annotations
 from datetime import datetime
 
 from django import template
+from django.utils import timezone
 from django.utils.html import format_html
+from django.utils.timesince import timesince
 
 register = template.Library()
 
@@ -38,17 +40,12 @@ def expiry(expires_at: datetime, now: datetime) -> str:
 
 @register.simple_tag
 def now_expiry(expires_at: datetime) -> str:
-    from django.utils import timezone
-
     return expiry(expires_at, timezone.now())
 
 
 @register.filter
 def ago(value: datetime) -> str:
     """ "just now", "5 minutes ago", "2 days, 3 hours ago"."""
-    from django.utils import timezone
-    from django.utils.timesince import timesince
-
     if value is None:
         return ""
     if (timezone.now() - value).total_seconds() < 60:

@@ -36,7 +36,8 @@ def _appended_actions() -> dict[str, str]:
                     for value in values:
                         # An action built from pieces could not be checked against the table.
                         assert not isinstance(value, ast.JoinedStr), ast.unparse(value)
-                        if isinstance(value, ast.Constant) and isinstance(value.value, str):
+                        # (argparse's action="store_true" has no dot, an audit action one)
+                        if isinstance(value, ast.Constant) and "." in str(value.value):
                             found[value.value] = f"{path.relative_to(ROOT)}:{node.lineno}"
     return found
 

@@ -165,6 +165,7 @@ def test_database_from_url_postgres_full_url():
         "PORT": "6543",
         "CONN_MAX_AGE": 0,
         "CONN_HEALTH_CHECKS": False,
+        "DISABLE_SERVER_SIDE_CURSORS": False,
         "OPTIONS": {"sslmode": "require"},
         "TEST": {"NAME": "test_approvals"},
     }

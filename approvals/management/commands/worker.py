@@ -16,10 +16,12 @@ import logging
 import threading
 import time
 
+import psycopg
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
 from django.db import connection
+from django_tasks_db.management.commands import db_worker
 
 from approvals import signals
 from approvals.execution import queue
@@ -61,8 +63,6 @@ class Listener:
         self.conn = None
 
     def _connect(self):
-        import psycopg
-
         params = connection.get_connection_params()
         params.pop("cursor_factory", None)
         params.pop("context", None)
@@ -124,8 +124,6 @@ class Command(BaseCommand):
         )
         reaper.start()
         if connection.vendor == "postgresql" and not no_listen:
-            from django_tasks_db.management.commands import db_worker
-
             db_worker.time = _WakingClock(Listener())
         extra = {"worker_id": worker_id} if worker_id else {}
         if max_tasks:

@@ -68,6 +68,9 @@ INSTALLED_APPS = [
     "sessions_admin",
     "notifications",
 ]
+# Test, benchmark and demo tooling (devtools/): never installed in production.
+if not PRODUCTION:
+    INSTALLED_APPS.append("devtools")
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",

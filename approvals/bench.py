@@ -285,7 +285,7 @@ def span_seconds(run_ids: list[int]) -> float:
 
 
 def exactly_once(releases: Iterable[str]) -> dict[str, int]:
-    from approvals import demo
+    from devtools import demo
 
     wanted = set(releases)
     counts = Counter(
@@ -311,7 +311,7 @@ def bare_resume_ms(template_text: str, iterations: int, effect_log: Path) -> lis
     tool of the same name and schema whose effect is the same file append, without the console."""
     from agents import Agent, Runner, RunState, function_tool
 
-    from approvals import demo
+    from devtools import demo
 
     @function_tool(needs_approval=True, failure_error_function=None, name_override="deploy_release")
     def bare_deploy_release(release: str, environment: str) -> str:
@@ -360,7 +360,7 @@ def multi_turn_result(turns: int):
     from agents import Agent, Runner, function_tool
     from agents.testing import ModelStep, ScriptedModel, function_call
 
-    from approvals import demo
+    from devtools import demo
 
     @function_tool
     def lookup_status(service: str) -> str:
@@ -407,7 +407,7 @@ def multi_turn_result(turns: int):
 
 
 def measure_pause(tenant: Tenant, requester, turns: int, repeats: int) -> dict[str, Any]:
-    from approvals import demo
+    from devtools import demo
 
     result = multi_turn_result(turns)
     bare, paused = [], []

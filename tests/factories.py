@@ -9,8 +9,9 @@ from agents import Agent, Runner
 from agents.testing import ScriptedModel, assistant_message, function_call
 from django.contrib.auth import get_user_model
 
-from approvals import demo, registry, services
+from approvals import registry, services
 from approvals.models import Membership, Role, Run, Tenant
+from devtools import demo
 
 PASSWORD = "test-pass-123"
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from approvals import demo, services
+from approvals import services
 from approvals.models import Run, RunStatus, Ticket, TicketStatus
+from devtools import demo
 from tests.conftest import subprocess_env
 from tests.factories import TenantFactory, member, paused_run
 

@@ -15,7 +15,7 @@ from django.utils import timezone
 from django.utils.html import escape
 from django_tasks_db.models import DBTaskResult
 
-from approvals import demo, preauth, services
+from approvals import preauth, services
 from approvals.canonical import arguments_digest
 from approvals.models import (
     AuditEvent,
@@ -27,6 +27,7 @@ from approvals.models import (
     Ticket,
     TicketStatus,
 )
+from devtools import demo
 from tests.factories import TenantFactory, member, paused_run
 
 pytestmark = pytest.mark.django_db

@@ -13,10 +13,11 @@ from agents.memory import SQLiteSession
 from agents.run_state import CURRENT_SCHEMA_VERSION
 from django.conf import settings
 
-from approvals import crypto, demo, registry, services
+from approvals import crypto, registry, services
 from approvals.agent_sessions import UnsupportedSessionError
 from approvals.canonical import arguments_digest
 from approvals.models import AuditEvent, Run, RunStatus, Ticket, TicketStatus
+from devtools import demo
 from tests.factories import TenantFactory, member, paused_run, run_agent, two_call_agent
 
 pytestmark = pytest.mark.django_db

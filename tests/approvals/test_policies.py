@@ -11,7 +11,7 @@ from django.core.management import call_command
 from django.utils import timezone
 from django_tasks_db.models import DBTaskResult
 
-from approvals import demo, policies, services
+from approvals import policies, services
 from approvals.live import hint_for
 from approvals.models import (
     ApprovalPolicy,
@@ -24,6 +24,7 @@ from approvals.models import (
     TicketStatus,
     TicketVote,
 )
+from devtools import demo
 from tests.factories import TenantFactory, member, paused_run
 
 pytestmark = pytest.mark.django_db

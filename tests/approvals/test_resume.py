@@ -10,7 +10,7 @@ import pytest
 from agents.memory import SQLiteSession
 from django.utils import timezone
 
-from approvals import agent_sessions, demo, services
+from approvals import agent_sessions, services
 from approvals.ledger import idempotency_key
 from approvals.models import (
     AuditEvent,
@@ -23,6 +23,7 @@ from approvals.models import (
     Ticket,
     TicketStatus,
 )
+from devtools import demo
 from tests.factories import TenantFactory, member, paused_run, run_agent, two_call_agent
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -313,7 +314,7 @@ def test_resume_with_agent_version_no_longer_deployed_is_refused(settings):
     run, _, _ = decided_run()
     settings.APPROVALS_AGENTS = {
         **settings.APPROVALS_AGENTS,
-        "release": {"2": "approvals.demo.build_release_agent"},
+        "release": {"2": "devtools.demo.build_release_agent"},
     }
 
     outcome = services.resume(run_id=run.pk, worker_id="w1")

@@ -12,8 +12,9 @@ from agents import Runner
 from agents.extensions.memory import RedisSession
 from agents.memory import SQLiteSession
 
-from approvals import demo, registry, services
+from approvals import registry, services
 from approvals.models import RunStatus, Ticket
+from devtools import demo
 from tests.factories import TenantFactory, member, paused_run
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -17,8 +17,9 @@ from agents.memory import SQLiteSession
 from agents.run_state import CURRENT_SCHEMA_VERSION
 from agents.testing import ModelStep, ScriptedModel, assistant_message, function_call
 
-from approvals import demo, ledger, services
+from approvals import ledger, services
 from approvals.models import AuditEvent, Run, RunStatus, Ticket, TicketStatus
+from devtools import demo
 from tests.factories import TenantFactory, member, run_agent
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from approvals import demo, services
+from approvals import services
 from approvals.models import AuditEvent, IdempotencyRecord, Run, RunStatus, Ticket, TicketStatus
+from devtools import demo
 from tests.factories import TenantFactory, member, paused_run
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -7,8 +7,9 @@ import time
 import pytest
 from django.db import connection
 
-from approvals import demo, services
+from approvals import services
 from approvals.models import Run, RunStatus, Ticket
+from devtools import demo
 from tests.factories import TenantFactory, member, paused_run
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]

@@ -17,7 +17,7 @@ from django.db import connection
 from django.utils import timezone
 from django_tasks_db.models import DBTaskResult
 
-from approvals import audit, demo, services
+from approvals import audit, services
 from approvals.models import (
     AuditEvent,
     IdempotencyRecord,
@@ -28,6 +28,7 @@ from approvals.models import (
     TicketStatus,
 )
 from approvals.tasks import resume_run_task
+from devtools import demo
 from tests.conftest import subprocess_env
 from tests.factories import TenantFactory, member, paused_run
 

@@ -16,8 +16,9 @@ import time
 import pytest
 from django.db import connection
 
-from approvals import demo, services
+from approvals import services
 from approvals.models import AuditEvent, Run, RunStatus, Ticket, TicketStatus
+from devtools import demo
 from tests.browser.conftest import TIMEOUT_MS, chromium_skip_reason, new_page, screenshot
 from tests.factories import PASSWORD, TenantFactory, member, paused_run
 

@@ -19,7 +19,7 @@ import pytest
 from django.db import connection
 from django_tasks_db.models import DBTaskResult
 
-from approvals import audit, demo, services
+from approvals import audit, services
 from approvals.models import (
     AuditEvent,
     IdempotencyRecord,
@@ -30,6 +30,7 @@ from approvals.models import (
     TicketStatus,
 )
 from approvals.processes import ConsoleClient
+from devtools import demo
 from tests.conftest import database_url, subprocess_env
 from tests.factories import PASSWORD, TenantFactory, member, paused_run
 from tests.faults.conftest import (
@@ -55,7 +56,8 @@ TERMINAL = {RunStatus.COMPLETED, RunStatus.NEEDS_ATTENTION, RunStatus.FAILED, Ru
 PAUSING_WORKER = """
 import os, time
 from pathlib import Path
-from approvals import demo, ledger
+from approvals import ledger
+from devtools import demo
 
 flags = Path(os.environ["FAULT_FLAG_DIR"])
 

@@ -15,9 +15,10 @@ from collections import Counter
 import pytest
 from django_tasks_db.models import DBTaskResult
 
-from approvals import audit, demo, services
+from approvals import audit, services
 from approvals.models import AuditEvent, IdempotencyRecord, LedgerStatus, Run, RunStatus, Ticket
 from approvals.tasks import resume_run_task
+from devtools import demo
 from tests.conftest import subprocess_env
 from tests.factories import TenantFactory, member, paused_run
 from tests.faults.conftest import require_postgres

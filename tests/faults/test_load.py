@@ -26,7 +26,7 @@ from collections import Counter
 
 import pytest
 
-from approvals import audit, demo
+from approvals import audit
 from approvals.models import (
     AuditEvent,
     IdempotencyRecord,
@@ -40,6 +40,7 @@ from approvals.models import (
     TicketStatus,
 )
 from approvals.processes import ConsoleClient
+from devtools import demo
 from tests.conftest import subprocess_env
 from tests.factories import PASSWORD, TenantFactory, UserFactory, member, paused_run
 from tests.faults.conftest import require_postgres, start_console, wait_until

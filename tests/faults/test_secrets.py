@@ -23,8 +23,9 @@ import pytest
 from django.db import connection
 from django.test import Client
 
-from approvals import audit, demo, services
+from approvals import audit, services
 from approvals.models import AuditEvent, Run, RunStatus, Ticket, TicketStatus
+from devtools import demo
 from tests.conftest import database_url, subprocess_env
 from tests.factories import TenantFactory, member, run_agent
 

@@ -7,8 +7,9 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.urls import reverse
 
-from approvals import demo, services
+from approvals import services
 from approvals.models import AuditEvent, Role, Run, RunStatus, Ticket, TicketStatus
+from devtools import demo
 from tests.factories import TenantFactory, member, paused_run
 
 pytestmark = pytest.mark.django_db

@@ -22,7 +22,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from approvals import demo, services
+from approvals import services
 from approvals.audit import verify_chain
 from approvals.models import (
     DECIDING_ROLES,
@@ -36,6 +36,7 @@ from approvals.models import (
     Ticket,
     TicketStatus,
 )
+from devtools import demo
 from tests.factories import TenantFactory, member, run_agent, two_call_agent
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -25,8 +25,9 @@ from agents import Agent, Runner
 from agents.memory import OpenAIConversationsSession
 from agents.testing import ModelStep, ScriptedModel, assistant_message
 
-from approvals import agent_sessions, demo, registry, services
+from approvals import agent_sessions, registry, services
 from approvals.models import RunStatus, Ticket
+from devtools import demo
 from sessions_admin.models import ConversationRecord
 from sessions_admin.stores import (
     ConversationsStore,

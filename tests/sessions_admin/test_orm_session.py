@@ -13,8 +13,9 @@ from agents.extensions.memory import EncryptedSession
 from agents.testing import ModelStep, ScriptedModel, assistant_message
 from django.db.backends.signals import connection_created
 
-from approvals import demo, services
+from approvals import services
 from approvals.models import RunStatus, Ticket
+from devtools import demo
 from sessions_admin.models import StoredItem, StoredSession
 from sessions_admin.orm_session import DjangoSession
 from tests.conftest import manage

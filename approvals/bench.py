@@ -28,7 +28,7 @@ from approvals.canonical import arguments_digest, canonical_arguments
 from approvals.models import AuditEvent, Run, RunStatus, Tenant, Ticket, TicketStatus
 
 # Processes and start_web are used by the bench command through this module.
-from approvals.processes import Proc, Processes, child_env, start_web  # noqa: F401
+from devtools.processes import Proc, Processes, child_env, start_web  # noqa: F401
 
 TEMPLATE_RELEASE = "2026.01.01-t0000"
 PASSWORD = "bench-pass-2026"

@@ -10,7 +10,7 @@ import pytest
 from django.db import connection
 
 from approvals import guard
-from approvals.processes import child_env, database_url  # noqa: F401 - tests import them here
+from devtools.processes import child_env, database_url  # noqa: F401 - tests import them here
 from notifications.management.commands.webhook_receiver import make_server
 
 ROOT = Path(__file__).resolve().parent.parent

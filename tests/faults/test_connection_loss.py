@@ -29,8 +29,8 @@ from approvals.models import (
     Ticket,
     TicketStatus,
 )
-from approvals.processes import ConsoleClient
 from devtools import demo
+from devtools.processes import ConsoleClient
 from tests.conftest import database_url, subprocess_env
 from tests.factories import PASSWORD, TenantFactory, member, paused_run
 from tests.faults.conftest import (

@@ -23,7 +23,7 @@ from django.test import Client
 
 from approvals import bench
 from approvals.models import AuditEvent, Membership, Role, Run, RunStatus, Tenant
-from approvals.processes import ConsoleClient
+from devtools.processes import ConsoleClient
 
 TARGETS = {
     "approve_to_completed_p50_ms": 50,

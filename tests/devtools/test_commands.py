@@ -1,7 +1,12 @@
-"""devtools' management commands, called in-process: seed_demo."""
+"""devtools' management commands: seed_demo in-process, webhook_receiver as a process."""
 
 from __future__ import annotations
 
+import contextlib
+import http.client
+import json
+import socket
+import time
 from io import StringIO
 
 import pytest
@@ -18,6 +23,8 @@ from approvals.models import (
     Ticket,
     TicketStatus,
 )
+from devtools.processes import free_port
+from notifications import signing
 from sessions_admin.models import StoredSession
 from tests.factories import TenantFactory, member
 
@@ -116,3 +123,47 @@ def test_seed_demo_requester_is_the_run_requester(session_dir):
 
     requesters = set(Run.objects.values_list("tenant__slug", "requested_by__username"))
     assert requesters == {("acme", "acme-requester"), ("globex", "globex-requester")}
+
+
+# --- webhook_receiver -------------------------------------------------------------------------
+
+
+def _post(port: int, body: bytes, headers: dict[str, str]) -> int:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    try:
+        conn.request("POST", "/", body=body, headers=headers)
+        return conn.getresponse().status
+    finally:
+        conn.close()
+
+
+def _wait_listening(port: int, process, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert process.poll() is None, process.communicate()
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"webhook_receiver did not listen on 127.0.0.1:{port}")
+
+
+def test_webhook_receiver_command_answers_204_to_a_signed_delivery_and_401_otherwise(
+    manage_process,
+):
+    """What bin/run-dev starts: the command exists and checks signatures with --secret."""
+    port = free_port()
+    secret = "whsec_devtools-test"
+    process = manage_process("webhook_receiver", "--port", str(port), "--secret", secret)
+    _wait_listening(port, process)
+    body = json.dumps({"id": 1, "event": "ticket.created"}).encode()
+
+    signed = _post(port, body, signing.headers(secret, body))
+    forged = _post(port, body, signing.headers("whsec_someone-else", body))
+    process.terminate()
+    out, _ = process.communicate(timeout=30)
+
+    assert (signed, forged) == (204, 401)
+    lines = [line for line in out.splitlines() if line.startswith("[webhook ")]
+    assert len(lines) == 2
+    assert "verified ?" in lines[0]
+    assert "REFUSED /: signature does not match" in lines[1]

@@ -21,8 +21,8 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import connection
 from django.test import Client
 
-from approvals import bench
 from approvals.models import AuditEvent, Membership, Role, Run, RunStatus, Tenant
+from devtools import bench
 from devtools.processes import ConsoleClient
 
 TARGETS = {

@@ -67,7 +67,7 @@ class RunAdmin(admin.ModelAdmin):
     ]
     inlines = [TicketInline]
 
-    # Status changes go through the services (compare-and-set, checks, audit), never a form.
+    # Status changes go through approvals.transitions (compare-and-set, checks, audit), never a form.
     def has_change_permission(self, request, obj=None) -> bool:
         return False
 
@@ -142,7 +142,7 @@ class IdempotencyRecordAdmin(admin.ModelAdmin):
         return False
 
 
-# Policies and votes change through the console's services (versioned, audited), never here.
+# Policies and votes change through approvals.policies and decisions (versioned, audited), never here.
 @admin.register(ApprovalPolicy)
 class ApprovalPolicyAdmin(admin.ModelAdmin):
     list_display = ["tenant", "agent_key", "tool_name", "version", "required_approvals"]

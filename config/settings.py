@@ -68,6 +68,9 @@ INSTALLED_APPS = [
     "sessions_admin",
     "notifications",
 ]
+# Test, benchmark and demo tooling (devtools/): never installed in production.
+if not PRODUCTION:
+    INSTALLED_APPS.append("devtools")
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
@@ -199,16 +202,20 @@ APPROVALS_ENCRYPTION_KEYS = parse_encryption_keys(
 
 # agent key -> version -> dotted path of a factory (no required arguments) that builds the
 # top-level agent. A version, once deployed, keeps its tool names, schemas and handoffs.
-APPROVALS_AGENTS: dict[str, dict[str, str | dict[str, str]]] = {
-    "release": {
-        "1": {
-            "factory": "approvals.demo.build_release_agent",
-            "context_serializer": "approvals.demo.release_context_serializer",
-            "context_deserializer": "approvals.demo.release_context_deserializer",
-        }
-    },
-    "invoice": {"1": "approvals.demo.build_invoice_agent"},
-}
+APPROVALS_AGENTS: dict[str, dict[str, str | dict[str, str]]] = {}
+# The demo agents (devtools/demo.py), in development only (and so in tests): production
+# starts with none.
+if APPROVALS_ENV == "development":
+    APPROVALS_AGENTS |= {
+        "release": {
+            "1": {
+                "factory": "devtools.demo.build_release_agent",
+                "context_serializer": "devtools.demo.release_context_serializer",
+                "context_deserializer": "devtools.demo.release_context_deserializer",
+            }
+        },
+        "invoice": {"1": "devtools.demo.build_invoice_agent"},
+    }
 
 APPROVALS_TICKET_TTL = timedelta(seconds=env_int("APPROVALS_TICKET_TTL_SECONDS", 86400, minimum=60))
 APPROVALS_LEASE_SECONDS = env_int("APPROVALS_LEASE_SECONDS", 60, minimum=2)

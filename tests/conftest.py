@@ -10,8 +10,8 @@ import pytest
 from django.db import connection
 
 from approvals.audit import guard
-from approvals.processes import child_env, database_url  # noqa: F401 - tests import them here
-from notifications.management.commands.webhook_receiver import make_server
+from devtools.management.commands.webhook_receiver import make_server
+from devtools.processes import child_env, database_url  # noqa: F401 - tests import them here
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -9,10 +9,10 @@ from agents import Agent, Runner
 from agents.testing import ScriptedModel, assistant_message, function_call
 from django.contrib.auth import get_user_model
 
-from approvals import demo
 from approvals.execution import registry
 from approvals.models import Membership, Role, Run, Tenant
 from approvals.runs.pause import pause_run
+from devtools import demo
 
 PASSWORD = "test-pass-123"
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from approvals import demo
 from approvals.decisions.decide import decide
 from approvals.execution.state import open_state
 from approvals.models import Run, RunStatus, Ticket, TicketStatus
 from approvals.runs.reaper import reap
 from approvals.runs.resume import resume
+from devtools import demo
 from tests.conftest import subprocess_env
 from tests.factories import TenantFactory, member, paused_run
 

@@ -1,4 +1,4 @@
-"""Management commands: seed_demo, decide and rotate_keys, called in-process."""
+"""Management commands: decide and rotate_keys, called in-process."""
 
 from __future__ import annotations
 
@@ -10,35 +10,10 @@ from django.contrib.auth import get_user_model
 from django.core.management import CommandError, call_command
 from django_tasks_db.models import DBTaskResult
 
-from approvals.models import (
-    ApproverGroup,
-    AuditEvent,
-    Membership,
-    Run,
-    RunStatus,
-    Tenant,
-    Ticket,
-    TicketStatus,
-)
-from sessions_admin.models import StoredSession
+from approvals.models import Run, RunStatus, Ticket, TicketStatus
 from tests.factories import TenantFactory, member, paused_run
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture(autouse=True)
-def _fast_password_hasher(settings):
-    # seed_demo makes fifteen users: the default hasher would dominate the test's time.
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
-@pytest.fixture
-def session_dir(tmp_path, settings):
-    """seed_demo writes SQLite sessions; keep them out of the shared var/ directory."""
-    settings.APPROVALS_SQLITE_SESSION_DIR = tmp_path / "sessions"
-    # Redis sessions are seeded only with REDIS_URL; these counts are for the other stores.
-    settings.REDIS_URL = ""
-    return settings.APPROVALS_SQLITE_SESSION_DIR
 
 
 @pytest.fixture
@@ -47,85 +22,6 @@ def pending():
     requester = member(tenant, "approver", username="ann")
     run = paused_run(tenant, requested_by=requester)
     return Ticket.objects.get(run=run)
-
-
-def _counts() -> dict[str, int]:
-    return {
-        "tenants": Tenant.objects.count(),
-        "users": get_user_model().objects.count(),
-        "memberships": Membership.objects.count(),
-        "paused runs": Run.objects.filter(status=RunStatus.PAUSED).count(),
-        "pending tickets": Ticket.objects.filter(status=TicketStatus.PENDING).count(),
-        "audit events": AuditEvent.objects.count(),
-    }
-
-
-# --- seed_demo ------------------------------------------------------------------------------
-
-
-def test_seed_demo_webhook_is_left_out_where_private_targets_are_refused(settings, monkeypatch):
-    from approvals.management.commands import seed_demo
-    from approvals.management.commands.seed_demo import _seed_webhook
-    from notifications.models import WebhookEndpoint
-
-    monkeypatch.setattr(seed_demo, "DEMO_WEBHOOK_URL", "http://127.0.0.1:8025/")
-    settings.NOTIFICATIONS_ALLOW_PRIVATE_WEBHOOKS = False
-    tenant = TenantFactory(slug="acme")
-
-    outcome = _seed_webhook(tenant, member(tenant, "admin", username="acme-admin"))
-
-    assert outcome == ("127.0.0.1 is a loopback address; webhooks may only go to public addresses.")
-    assert WebhookEndpoint.objects.count() == 0
-
-
-# The ORM sessions it seeds are written from a worker thread, so the data must be committed.
-@pytest.mark.django_db(transaction=True)
-def test_seed_demo_creates_tenants_users_and_paused_runs(session_dir):
-    out = StringIO()
-
-    call_command("seed_demo", stdout=out)
-
-    counts = _counts()
-    # 7 users per tenant plus the superuser; each run: run.paused + ticket.created; per
-    # tenant two group.changed and one policy.changed; webhook.created for acme's demo webhook.
-    assert counts == {
-        "tenants": 2,
-        "users": 15,
-        "memberships": 14,
-        "paused runs": 4,
-        "pending tickets": 4,
-        "audit events": 15,
-    }
-    assert sorted(
-        ApproverGroup.objects.filter(tenant__slug="acme").values_list("name", flat=True)
-    ) == ["release managers", "security reviewers"]
-    assert set(Ticket.objects.values_list("policy__version", flat=True)) == {1}
-    assert out.getvalue().splitlines()[0] == "demo data ready (4 new paused runs, 16 new sessions)"
-    # Four ORM sessions and four SQLite sessions per tenant, no Redis without REDIS_URL.
-    assert StoredSession.objects.count() == 8
-    assert sorted(Tenant.objects.values_list("slug", flat=True)) == ["acme", "globex"]
-
-
-# The ORM sessions it seeds are written from a worker thread, so the data must be committed.
-@pytest.mark.django_db(transaction=True)
-def test_seed_demo_twice_changes_nothing_the_second_time(session_dir):
-    call_command("seed_demo", stdout=StringIO())
-    first = _counts()
-    out = StringIO()
-
-    call_command("seed_demo", stdout=out)
-
-    assert _counts() == first
-    assert out.getvalue().splitlines()[0] == "demo data ready (0 new paused runs, 0 new sessions)"
-
-
-# The ORM sessions it seeds are written from a worker thread, so the data must be committed.
-@pytest.mark.django_db(transaction=True)
-def test_seed_demo_requester_is_the_run_requester(session_dir):
-    call_command("seed_demo", stdout=StringIO())
-
-    requesters = set(Run.objects.values_list("tenant__slug", "requested_by__username"))
-    assert requesters == {("acme", "acme-requester"), ("globex", "globex-requester")}
 
 
 # --- decide -------------------------------------------------------------------------------

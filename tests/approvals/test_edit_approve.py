@@ -15,7 +15,6 @@ from django.utils import timezone
 from django.utils.html import escape
 from django_tasks_db.models import DBTaskResult
 
-from approvals import demo
 from approvals.core.canonical import arguments_digest
 from approvals.decisions import edit, preauth
 from approvals.decisions.decide import decide
@@ -42,6 +41,7 @@ from approvals.models import (
 from approvals.policies.groups import save_group
 from approvals.policies.versions import save_policy
 from approvals.runs.resume import resume
+from devtools import demo
 from tests.factories import TenantFactory, member, paused_run
 
 pytestmark = pytest.mark.django_db

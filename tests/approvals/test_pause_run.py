@@ -13,7 +13,6 @@ from agents.memory import SQLiteSession
 from agents.run_state import CURRENT_SCHEMA_VERSION
 from django.conf import settings
 
-from approvals import demo
 from approvals.core import crypto
 from approvals.core.canonical import arguments_digest
 from approvals.execution import registry
@@ -26,6 +25,7 @@ from approvals.execution.state import (
 )
 from approvals.models import AuditEvent, Run, RunStatus, Ticket, TicketStatus
 from approvals.runs.pause import pause_run
+from devtools import demo
 from tests.factories import TenantFactory, member, paused_run, run_agent, two_call_agent
 
 pytestmark = pytest.mark.django_db

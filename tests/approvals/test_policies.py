@@ -11,7 +11,6 @@ from django.core.management import call_command
 from django.utils import timezone
 from django_tasks_db.models import DBTaskResult
 
-from approvals import demo
 from approvals.decisions.decide import decide
 from approvals.decisions.edit import edit_and_approve
 from approvals.decisions.errors import (
@@ -38,6 +37,7 @@ from approvals.policies.versions import PolicyError, remove_policy, save_policy
 from approvals.runs.pause import pause_run
 from approvals.runs.reaper import reap
 from approvals.runs.resume import resume
+from devtools import demo
 from tests.factories import TenantFactory, member, paused_run
 
 pytestmark = pytest.mark.django_db

@@ -8,9 +8,9 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from approvals import demo
 from approvals.models import ApproverGroup, AuditEvent, Role, Run, RunStatus, Ticket, TicketStatus
 from approvals.policies.versions import save_policy
+from devtools import demo
 from tests.conftest import subprocess_env
 from tests.factories import TenantFactory, member, paused_run
 

@@ -10,7 +10,6 @@ import pytest
 from agents.memory import SQLiteSession
 from django.utils import timezone
 
-from approvals import demo
 from approvals.decisions.decide import decide
 from approvals.execution import sessions as agent_sessions
 from approvals.execution.ledger import idempotency_key
@@ -28,6 +27,7 @@ from approvals.models import (
 )
 from approvals.runs.pause import pause_run
 from approvals.runs.resume import resume
+from devtools import demo
 from tests.factories import TenantFactory, member, paused_run, run_agent, two_call_agent
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -318,7 +318,7 @@ def test_resume_with_agent_version_no_longer_deployed_is_refused(settings):
     run, _, _ = decided_run()
     settings.APPROVALS_AGENTS = {
         **settings.APPROVALS_AGENTS,
-        "release": {"2": "approvals.demo.build_release_agent"},
+        "release": {"2": "devtools.demo.build_release_agent"},
     }
 
     outcome = resume(run_id=run.pk, worker_id="w1")

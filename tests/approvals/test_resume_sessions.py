@@ -12,12 +12,12 @@ from agents import Runner
 from agents.extensions.memory import RedisSession
 from agents.memory import SQLiteSession
 
-from approvals import demo
 from approvals.decisions.decide import decide
 from approvals.execution import registry
 from approvals.models import RunStatus, Ticket
 from approvals.runs.pause import pause_run
 from approvals.runs.resume import resume
+from devtools import demo
 from tests.factories import TenantFactory, member, paused_run
 
 pytestmark = pytest.mark.django_db(transaction=True)

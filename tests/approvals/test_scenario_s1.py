@@ -17,13 +17,13 @@ from agents.memory import SQLiteSession
 from agents.run_state import CURRENT_SCHEMA_VERSION
 from agents.testing import ModelStep, ScriptedModel, assistant_message, function_call
 
-from approvals import demo
 from approvals.decisions.decide import decide
 from approvals.execution import ledger
 from approvals.execution.state import SecretInContextError, open_state
 from approvals.models import AuditEvent, Run, RunStatus, Ticket, TicketStatus
 from approvals.runs.pause import pause_run
 from approvals.runs.resume import resume
+from devtools import demo
 from tests.factories import TenantFactory, member, run_agent
 
 pytestmark = pytest.mark.django_db(transaction=True)

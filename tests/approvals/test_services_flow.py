@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from approvals import demo
 from approvals.decisions.decide import decide
 from approvals.models import AuditEvent, IdempotencyRecord, Run, RunStatus, Ticket, TicketStatus
 from approvals.runs.resume import resume
+from devtools import demo
 from tests.factories import TenantFactory, member, paused_run
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -108,4 +108,3 @@ def test_every_status_write_goes_through_transitions():
         if lines:
             writers[str(path.relative_to(APPROVALS))] = lines
     assert writers == {}
-

@@ -7,10 +7,10 @@ import time
 import pytest
 from django.db import connection
 
-from approvals import demo
 from approvals.decisions.decide import decide
 from approvals.execution.queue import WAKE_CHANNEL
 from approvals.models import Run, RunStatus, Ticket
+from devtools import demo
 from tests.factories import TenantFactory, member, paused_run
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]

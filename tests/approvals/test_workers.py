@@ -17,7 +17,6 @@ from django.db import connection
 from django.utils import timezone
 from django_tasks_db.models import DBTaskResult
 
-from approvals import demo
 from approvals.audit import chain as audit
 from approvals.decisions.decide import decide
 from approvals.decisions.errors import AlreadyDecidedError, TicketExpiredError
@@ -34,6 +33,7 @@ from approvals.models import (
 )
 from approvals.runs.reaper import reap
 from approvals.runs.resume import resume
+from devtools import demo
 from tests.conftest import subprocess_env
 from tests.factories import TenantFactory, member, paused_run
 

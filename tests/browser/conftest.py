@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from approvals.processes import ROOT, Proc, Processes, start_web
+from devtools.processes import ROOT, Proc, Processes, start_web
 from tests.conftest import subprocess_env
 
 CHROMIUM = Path("/usr/bin/chromium")

@@ -16,10 +16,10 @@ import time
 import pytest
 from django.db import connection
 
-from approvals import demo
 from approvals.decisions.decide import decide
 from approvals.models import AuditEvent, Run, RunStatus, Ticket, TicketStatus
 from approvals.runs.resume import resume
+from devtools import demo
 from tests.browser.conftest import TIMEOUT_MS, chromium_skip_reason, new_page, screenshot
 from tests.factories import PASSWORD, TenantFactory, member, paused_run
 

@@ -7,8 +7,8 @@ import re
 
 import pytest
 
-from approvals import demo
 from approvals.models import ApprovalPolicy, Run, RunStatus, Ticket, TicketStatus, TicketVote
+from devtools import demo
 from tests.browser.conftest import chromium_skip_reason, new_page, screenshot
 from tests.browser.test_console import PROMPT, _mark_loaded, _sign_in, _wait_live, expect
 from tests.factories import TenantFactory, member, paused_run

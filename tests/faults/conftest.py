@@ -18,7 +18,7 @@ import pytest
 from django.contrib.auth.hashers import PBKDF2PasswordHasher
 from django.db import connection
 
-from approvals.processes import Proc, Processes, Response, free_port, wait_for_http
+from devtools.processes import Proc, Processes, Response, free_port, wait_for_http
 from tests.conftest import subprocess_env
 
 FAULTS_DIR = Path(__file__).resolve().parent

@@ -19,7 +19,6 @@ import pytest
 from django.db import connection
 from django_tasks_db.models import DBTaskResult
 
-from approvals import demo
 from approvals.audit import chain as audit
 from approvals.decisions.decide import decide
 from approvals.models import (
@@ -31,8 +30,9 @@ from approvals.models import (
     Ticket,
     TicketStatus,
 )
-from approvals.processes import ConsoleClient
 from approvals.runs.resolution import in_doubt_effects
+from devtools import demo
+from devtools.processes import ConsoleClient
 from tests.conftest import database_url, subprocess_env
 from tests.factories import PASSWORD, TenantFactory, member, paused_run
 from tests.faults.conftest import (
@@ -58,7 +58,7 @@ TERMINAL = {RunStatus.COMPLETED, RunStatus.NEEDS_ATTENTION, RunStatus.FAILED, Ru
 PAUSING_WORKER = """
 import os, time
 from pathlib import Path
-from approvals import demo
+from devtools import demo
 from approvals.execution import ledger
 
 flags = Path(os.environ["FAULT_FLAG_DIR"])

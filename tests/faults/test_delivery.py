@@ -15,11 +15,11 @@ from collections import Counter
 import pytest
 from django_tasks_db.models import DBTaskResult
 
-from approvals import demo
 from approvals.audit import chain as audit
 from approvals.decisions.decide import decide
 from approvals.execution.queue import resume_run_task
 from approvals.models import AuditEvent, IdempotencyRecord, LedgerStatus, Run, RunStatus, Ticket
+from devtools import demo
 from tests.conftest import subprocess_env
 from tests.factories import TenantFactory, member, paused_run
 from tests.faults.conftest import require_postgres

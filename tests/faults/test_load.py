@@ -26,7 +26,6 @@ from collections import Counter
 
 import pytest
 
-from approvals import demo
 from approvals.audit import chain as audit
 from approvals.models import (
     AuditEvent,
@@ -40,7 +39,8 @@ from approvals.models import (
     Ticket,
     TicketStatus,
 )
-from approvals.processes import ConsoleClient
+from devtools import demo
+from devtools.processes import ConsoleClient
 from tests.conftest import subprocess_env
 from tests.factories import PASSWORD, TenantFactory, UserFactory, member, paused_run
 from tests.faults.conftest import require_postgres, start_console, wait_until

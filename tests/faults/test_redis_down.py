@@ -20,10 +20,10 @@ import urllib.parse
 
 import pytest
 
-from approvals import demo
 from approvals.audit import chain as audit
 from approvals.models import AuditEvent, IdempotencyRecord, LedgerStatus, Run, RunStatus, Ticket
-from approvals.processes import ConsoleClient
+from devtools import demo
+from devtools.processes import ConsoleClient
 from tests.conftest import subprocess_env
 from tests.factories import PASSWORD, TenantFactory, member, paused_run
 from tests.faults.conftest import free_port, start_console, wait_until

@@ -23,12 +23,12 @@ import pytest
 from django.db import connection
 from django.test import Client
 
-from approvals import demo
 from approvals.audit import chain as audit
 from approvals.decisions.decide import decide
 from approvals.execution.state import SecretInContextError, open_state
 from approvals.models import AuditEvent, Run, RunStatus, Ticket, TicketStatus
 from approvals.runs.pause import pause_run
+from devtools import demo
 from tests.conftest import database_url, subprocess_env
 from tests.factories import TenantFactory, member, run_agent
 

@@ -7,11 +7,11 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.urls import reverse
 
-from approvals import demo
 from approvals.decisions.decide import decide
 from approvals.decisions.errors import SelfApprovalError
 from approvals.models import AuditEvent, Role, Run, RunStatus, Ticket, TicketStatus
 from approvals.runs.resume import resume
+from devtools import demo
 from tests.factories import TenantFactory, member, paused_run
 
 pytestmark = pytest.mark.django_db

@@ -22,7 +22,6 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from approvals import demo
 from approvals.audit.chain import verify_chain
 from approvals.decisions.decide import decide
 from approvals.decisions.errors import (
@@ -48,6 +47,7 @@ from approvals.runs.pause import pause_run
 from approvals.runs.reaper import reap
 from approvals.runs.resolution import ResolutionError, resolve
 from approvals.runs.resume import resume
+from devtools import demo
 from tests.factories import TenantFactory, member, run_agent, two_call_agent
 
 pytestmark = pytest.mark.django_db(transaction=True)

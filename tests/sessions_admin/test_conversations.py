@@ -25,13 +25,13 @@ from agents import Agent, Runner
 from agents.memory import OpenAIConversationsSession
 from agents.testing import ModelStep, ScriptedModel, assistant_message
 
-from approvals import demo
 from approvals.decisions.decide import decide
 from approvals.execution import registry
 from approvals.execution import sessions as agent_sessions
 from approvals.models import RunStatus, Ticket
 from approvals.runs.pause import pause_run
 from approvals.runs.resume import resume
+from devtools import demo
 from sessions_admin.models import ConversationRecord
 from sessions_admin.stores import (
     ConversationsStore,

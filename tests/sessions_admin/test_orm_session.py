@@ -13,10 +13,10 @@ from agents.extensions.memory import EncryptedSession
 from agents.testing import ModelStep, ScriptedModel, assistant_message
 from django.db.backends.signals import connection_created
 
-from approvals import demo
 from approvals.decisions.decide import decide
 from approvals.models import RunStatus, Ticket
 from approvals.runs.resume import resume
+from devtools import demo
 from sessions_admin.models import StoredItem, StoredSession
 from sessions_admin.orm_session import DjangoSession
 from tests.conftest import manage

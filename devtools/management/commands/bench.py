@@ -9,8 +9,6 @@ See docs/PERFORMANCE.md for what each figure means and the last results.
 from __future__ import annotations
 
 import json
-import platform
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -21,9 +19,14 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import connection
 from django.test import Client
 
-from approvals import bench
 from approvals.models import AuditEvent, Membership, Role, Run, RunStatus, Tenant
-from approvals.processes import ConsoleClient
+from approvals.runs.resume import resume
+from devtools import processes
+from devtools.bench import clones, database, pages, sdk, stats
+from devtools.bench import report as bench_report
+from devtools.processes import ConsoleClient
+
+PASSWORD = "bench-pass-2026"
 
 TARGETS = {
     "approve_to_completed_p50_ms": 50,
@@ -67,15 +70,15 @@ class Command(BaseCommand):
         settings.APPROVALS_DEMO_EFFECT_LOG = effect_log
         settings.DEBUG = False
         settings.OPENAI_API_KEY = ""
-        name = bench.recreate_database()
+        name = database.recreate_database()
         self.say(f"database {name} recreated and migrated")
-        procs = bench.Processes(out_dir / "logs")
+        procs = processes.Processes(out_dir / "logs")
         try:
             report = self.run_all(procs, out_dir, options)
         finally:
             procs.stop_all()
-        report["meta"] = self.meta(name, time.monotonic() - started)
-        table = self.table(report)
+        report["meta"] = bench_report.meta(name, time.monotonic() - started)
+        table = bench_report.table(report)
         report["table_markdown"] = table
         path = Path(json_path)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -85,16 +88,16 @@ class Command(BaseCommand):
 
     # --- the whole run ------------------------------------------------------------------------
 
-    def run_all(self, procs: bench.Processes, out_dir: Path, options: dict) -> dict[str, Any]:
+    def run_all(self, procs: processes.Processes, out_dir: Path, options: dict) -> dict[str, Any]:
         users = get_user_model()
         tenant = Tenant.objects.create(slug="bench", name="Bench")
-        requester = users.objects.create_user("bench-dev", password=bench.PASSWORD)
-        approver = users.objects.create_user("bench-rm", password=bench.PASSWORD)
+        requester = users.objects.create_user("bench-dev", password=PASSWORD)
+        approver = users.objects.create_user("bench-rm", password=PASSWORD)
         Membership.objects.create(user=requester, tenant=tenant, role=Role.VIEWER)
         Membership.objects.create(user=approver, tenant=tenant, role=Role.APPROVER)
         report: dict[str, Any] = {}
 
-        template, template_text = bench.make_template(tenant, requester)
+        template, template_text = clones.make_template(tenant, requester)
         n_http = options["tickets"]
         n_mem = options["memory_resumes"]
         plan = {
@@ -106,38 +109,36 @@ class Command(BaseCommand):
             "death": 300,
             "profile": 150,
         }
-        groups: dict[str, list[bench.Clone]] = {}
+        groups: dict[str, list[clones.Clone]] = {}
         t0 = time.monotonic()
         for key, count in plan.items():
             releases = [f"2026.03.03-{key.replace('_', '')}{n:05d}" for n in range(count)]
-            groups[key] = bench.clone_runs(template, template_text, tenant, requester, releases)
+            groups[key] = clones.clone_runs(template, template_text, tenant, requester, releases)
         self.say(f"{sum(plan.values())} paused runs cloned in {time.monotonic() - t0:.1f}s")
 
         # 5. pause_run against a bare to_json
         report["pause"] = [
-            bench.measure_pause(tenant, requester, turns, repeats)
+            sdk.measure_pause(tenant, requester, turns, repeats)
             for turns, repeats in ((1, 40), (10, 30), (100, 10))
         ]
         self.say("pause_run measured")
 
         # 1b. the bare SDK doing the same work in-process
-        bare = bench.bare_resume_ms(template_text, 300, out_dir / "bare-effects.log")
-        report["sdk_bare_resume_ms"] = bench.summary_ms(bare[20:])
+        bare = sdk.bare_resume_ms(template_text, 300, out_dir / "bare-effects.log")
+        report["sdk_bare_resume_ms"] = stats.summary_ms(bare[20:])
         self.say(f"bare SDK resume p50 {report['sdk_bare_resume_ms']['p50']} ms")
 
         # Profile of the in-process resume path (the worker's code, without the task queue).
         if not options["skip_profile"]:
-            from approvals import services
-
             chunk = groups["profile"]
-            bench.approve_in_bulk(chunk, approver, enqueue=False)
+            clones.approve_in_bulk(chunk, approver, enqueue=False)
             t0 = time.monotonic()
-            text = bench.profile(
-                lambda: [services.resume(run_id=c.run_id, worker_id="profile") for c in chunk]
+            text = stats.profile(
+                lambda: [resume(run_id=c.run_id, worker_id="profile") for c in chunk]
             )
             (out_dir / "profile-resume.txt").write_text(text)
             report["profile_resume_ms_each"] = round((time.monotonic() - t0) * 1000 / len(chunk), 2)
-            report["profile_resume_statuses"] = bench.statuses([c.run_id for c in chunk])
+            report["profile_resume_statuses"] = clones.statuses([c.run_id for c in chunk])
             self.say("resume path profiled")
 
         # 1 + 2. approve to completed over HTTP: 2 web processes, 2 workers, Redis channel layer
@@ -157,17 +158,19 @@ class Command(BaseCommand):
 
     def approve_over_http(self, procs, clones, approver) -> dict[str, Any]:
         redis_url = settings.REDIS_URL or ""
-        env = bench.subprocess_env(REDIS_URL=redis_url) if redis_url else bench.subprocess_env()
-        webs = [bench.start_web(procs, env) for _ in range(2)]
+        env = (
+            database.subprocess_env(REDIS_URL=redis_url) if redis_url else database.subprocess_env()
+        )
+        webs = [processes.start_web(procs, env) for _ in range(2)]
         workers = [procs.start("worker", "worker", "--interval", "1", env=env) for _ in range(2)]
         clients = []
         for url, _ in webs:
             client = ConsoleClient(url)
-            client.login(approver.username, bench.PASSWORD)
+            client.login(approver.username, PASSWORD)
             clients.append(client)
         time.sleep(2)  # the workers are up and listening
         decisions, completions, statuses = [], [], []
-        sessions_before = bench.sessions_opened()
+        sessions_before = database.sessions_opened()
         for n, clone in enumerate(clones):
             client = clients[n % len(clients)]
             t0 = time.perf_counter()
@@ -188,15 +191,15 @@ class Command(BaseCommand):
             t2 = time.perf_counter()
             decisions.append(t1 - t0)
             completions.append(t2 - t0)
-        sessions_after = bench.sessions_opened()
+        sessions_after = database.sessions_opened()
         warm = 20
         run_ids = [c.run_id for c in clones]
         result = {
-            "approve_to_completed_ms": bench.summary_ms(completions[warm:]),
-            "decision_ms": bench.summary_ms(decisions[warm:]),
+            "approve_to_completed_ms": stats.summary_ms(completions[warm:]),
+            "decision_ms": stats.summary_ms(decisions[warm:]),
             "http_statuses": {str(s): statuses.count(s) for s in set(statuses)},
-            "http_runs": bench.statuses(run_ids),
-            "http_exactly_once": bench.exactly_once(c.release for c in clones),
+            "http_runs": clones.statuses(run_ids),
+            "http_exactly_once": clones.exactly_once(c.release for c in clones),
             "http_web_processes": len(webs),
             "http_workers": len(workers),
             "http_channel_layer": "redis" if redis_url else "in-memory",
@@ -221,21 +224,21 @@ class Command(BaseCommand):
         for workers_n, key in ((2, "w2"), (4, "w4")):
             chunk = groups[key]
             ids = [c.run_id for c in chunk]
-            bench.approve_in_bulk(chunk, approver)
-            before = bench.sessions_opened()
+            clones.approve_in_bulk(chunk, approver)
+            before = database.sessions_opened()
             workers = [procs.start("worker", "worker", "--interval", "1") for _ in range(workers_n)]
-            bench.wait_finished(ids, timeout=300, procs=workers)
-            after = bench.sessions_opened()
+            clones.wait_finished(ids, timeout=300, procs=workers)
+            after = database.sessions_opened()
             for proc in workers:
                 procs.stop(proc)
-            span = bench.span_seconds(ids)
-            once = bench.exactly_once(c.release for c in chunk)
+            span = clones.span_seconds(ids)
+            once = clones.exactly_once(c.release for c in chunk)
             duplicates += once["duplicates"]
             per_s[f"workers_{workers_n}"] = round(len(ids) / span, 1)
             detail[f"workers_{workers_n}"] = {
                 "runs": len(ids),
                 "seconds": round(span, 2),
-                "statuses": bench.statuses(ids),
+                "statuses": clones.statuses(ids),
                 **once,
                 "db_connections_per_resume": round((after - before) / len(ids), 2),
             }
@@ -243,34 +246,34 @@ class Command(BaseCommand):
 
         # One worker: 500 resumes, its RSS; then the rest (to 5,000 in all), its RSS again.
         first, rest = groups["mem_a"], groups["mem_b"]
-        bench.approve_in_bulk(first, approver)
+        clones.approve_in_bulk(first, approver)
         worker = procs.start("worker", "worker", "--interval", "1")
         time.sleep(0.5)
         rss_start = worker.rss_kib()
-        bench.wait_finished([c.run_id for c in first], timeout=300, procs=[worker])
+        clones.wait_finished([c.run_id for c in first], timeout=300, procs=[worker])
         rss_500 = worker.rss_kib()
-        span = bench.span_seconds([c.run_id for c in first])
+        span = clones.span_seconds([c.run_id for c in first])
         per_s["workers_1"] = round(len(first) / span, 1)
-        once_a = bench.exactly_once(c.release for c in first)
+        once_a = clones.exactly_once(c.release for c in first)
         self.say(f"1 worker: {per_s['workers_1']} resumes/s; RSS {rss_500} KiB after 500")
         samples = [(500, rss_500)]
         step = 1000
         for start in range(0, len(rest), step):
             part = rest[start : start + step]
-            bench.approve_in_bulk(part, approver)
-            bench.wait_finished([c.run_id for c in part], timeout=600, procs=[worker])
+            clones.approve_in_bulk(part, approver)
+            clones.wait_finished([c.run_id for c in part], timeout=600, procs=[worker])
             samples.append((500 + start + len(part), worker.rss_kib()))
         rss_end = samples[-1][1]
-        span_rest = bench.span_seconds([c.run_id for c in rest])
+        span_rest = clones.span_seconds([c.run_id for c in rest])
         procs.stop(worker)
-        once_b = bench.exactly_once(c.release for c in rest)
+        once_b = clones.exactly_once(c.release for c in rest)
         duplicates += once_a["duplicates"] + once_b["duplicates"]
         all_ids = [c.run_id for c in first + rest]
         detail["workers_1"] = {
             "runs": len(first),
             "seconds": round(span, 2),
             **once_a,
-            "statuses": bench.statuses([c.run_id for c in first]),
+            "statuses": clones.statuses([c.run_id for c in first]),
             "later_runs": len(rest),
             "later_per_s": round(len(rest) / span_rest, 1),
             "later": once_b,
@@ -288,34 +291,34 @@ class Command(BaseCommand):
                 "samples": samples,
             },
             "worker_rss_growth_pct": round(growth, 1),
-            "worker_memory_statuses": bench.statuses(all_ids),
+            "worker_memory_statuses": clones.statuses(all_ids),
         }
 
     # --- several workers, one dies ------------------------------------------------------------
 
     def worker_death(self, procs, clones, approver) -> dict[str, Any]:
-        env = bench.subprocess_env(
+        env = database.subprocess_env(
             APPROVALS_LEASE_SECONDS="3",
             APPROVALS_REAPER_INTERVAL_SECONDS="1",
             **({"REDIS_URL": settings.REDIS_URL} if settings.REDIS_URL else {}),
         )
         ids = [c.run_id for c in clones]
-        bench.approve_in_bulk(clones, approver)
+        clones.approve_in_bulk(clones, approver)
         victim = procs.start("worker", "worker", "--interval", "1", env=env)
         survivor = procs.start("worker", "worker", "--interval", "1", env=env)
-        while bench.finished_count(ids) < len(ids) // 3:
+        while clones.finished_count(ids) < len(ids) // 3:
             time.sleep(0.01)
         procs.stop(victim, kill=True)
         killed_at = time.monotonic()
-        finished = bench.wait_finished(ids, timeout=300, procs=[survivor])
+        finished = clones.wait_finished(ids, timeout=300, procs=[survivor])
         procs.stop(survivor)
-        once = bench.exactly_once(c.release for c in clones)
+        once = clones.exactly_once(c.release for c in clones)
         requeued = AuditEvent.objects.filter(action="run.requeued", run_id__in=ids).count()
         result = {
             "runs": len(ids),
             "killed_after_finished": len(ids) // 3,
             "seconds_to_finish_after_kill": round(finished - killed_at, 2),
-            "statuses": bench.statuses(ids),
+            "statuses": clones.statuses(ids),
             "requeued_by_reaper": requeued,
             **once,
         }
@@ -347,17 +350,17 @@ class Command(BaseCommand):
         total_t, total_e = options["page_tickets"], options["page_events"]
         small_t, small_e = total_t // 100, total_e // 100
         t0 = time.monotonic()
-        bench.load_page_data(
+        pages.load_page_data(
             tenants,
             requesters,
             tickets_per_tenant=small_t // 20,
             events_per_tenant=small_e // 20,
         )
         small = {
-            key: bench.measure_page(client, path, repeats=10, warmup=2)
+            key: pages.measure_page(client, path, repeats=10, warmup=2)
             for key, (client, path) in paths.items()
         }
-        bench.load_page_data(
+        pages.load_page_data(
             tenants,
             requesters,
             tickets_per_tenant=(total_t - small_t) // 20,
@@ -368,11 +371,11 @@ class Command(BaseCommand):
             f"{total_t} tickets, {total_e} events over 20 tenants"
         )
         full = {
-            key: bench.measure_page(client, path, repeats=40, warmup=3)
+            key: pages.measure_page(client, path, repeats=40, warmup=3)
             for key, (client, path) in paths.items()
         }
         # The next page (keyset cursor), the way a person pages through.
-        profile_text = bench.profile(
+        profile_text = stats.profile(
             lambda: [console.get("/") for _ in range(20)] + [console.get("/audit/")]
         )
         (out_dir / "profile-pages.txt").write_text(profile_text)
@@ -407,149 +410,3 @@ class Command(BaseCommand):
             ),
             "page_rows": {"tickets": total_t, "audit_events": total_e, "tenants": 20},
         }
-
-    # --- output -------------------------------------------------------------------------------
-
-    def meta(self, name: str, seconds: float) -> dict[str, Any]:
-        def run(*argv: str) -> str:
-            try:
-                return subprocess.run(argv, capture_output=True, text=True, check=False).stdout
-            except OSError:
-                return ""
-
-        mem = next(
-            (
-                line.split()[1]
-                for line in Path("/proc/meminfo").read_text().splitlines()
-                if line.startswith("MemTotal:")
-            ),
-            "0",
-        )
-        return {
-            "date": run("date", "-u").strip(),
-            "commit": run("git", "rev-parse", "--short", "HEAD").strip(),
-            "nproc": run("nproc").strip(),
-            "mem_total_gib": round(int(mem) / 1024 / 1024, 1),
-            "python": platform.python_version(),
-            "database": name,
-            "redis": bool(settings.REDIS_URL),
-            "seconds": round(seconds, 1),
-        }
-
-    def table(self, r: dict[str, Any]) -> str:
-        pause = {p["turns"]: p for p in r["pause"]}
-        # The headline is the worst of the three sizes; each size is beside it.
-        r["pause_vs_to_json_ratio"] = max(v["ratio_p50"] for v in pause.values())
-        r["pause_vs_to_json_ratio_by_turns"] = {
-            f"turns_{k}": v["ratio_p50"] for k, v in pause.items()
-        }
-        r["blob_vs_json_ratio_10_turns"] = pause[10]["blob_vs_json"]
-        r["blob_vs_json_ratio"] = {f"turns_{k}": v["blob_vs_json"] for k, v in pause.items()}
-        a2c, dec, bare = r["approve_to_completed_ms"], r["decision_ms"], r["sdk_bare_resume_ms"]
-        r["approve_vs_bare_sdk_ratio"] = round(a2c["p50"] / bare["p50"], 1)
-        q, au = r["queue_page_ms"], r["audit_page_ms"]
-        aq, aa = r["admin_ticket_changelist_ms"], r["admin_audit_changelist_ms"]
-
-        def ok(flag: bool) -> str:
-            return "met" if flag else "MISSED"
-
-        def trio(s: dict) -> str:
-            return f"{s['p50']} / {s['p95']} / {s['p99']}"
-
-        rows = [
-            ("measure", "p50 / p95 / p99 or value", "target", "verdict"),
-            (
-                "approve to completed (ms)",
-                trio(a2c),
-                "p50 <= 50, p99 <= 150",
-                ok(a2c["p50"] <= 50 and a2c["p99"] <= 150),
-            ),
-            ("bare SDK resume in-process (ms)", trio(bare), "-", "-"),
-            ("approve to completed / bare SDK (p50)", r["approve_vs_bare_sdk_ratio"], "-", "-"),
-            ("decision request (ms)", trio(dec), "p50 <= 15", ok(dec["p50"] <= 15)),
-            ("resumes/s, 1 worker", r["resume_per_s"]["workers_1"], "-", "-"),
-            (
-                "resumes/s, 2 workers",
-                r["resume_per_s"]["workers_2"],
-                ">= 100",
-                ok(r["resume_per_s"]["workers_2"] >= 100),
-            ),
-            ("resumes/s, 4 workers", r["resume_per_s"]["workers_4"], "-", "-"),
-            (
-                "duplicate effects (all phases)",
-                r["duplicate_effects"],
-                "0",
-                ok(r["duplicate_effects"] == 0),
-            ),
-            ("queue page, 100k tickets (ms)", trio(q), "p95 <= 30", ok(q["p95"] <= 30)),
-            ("admin ticket change list (ms)", trio(aq), "-", "-"),
-            (
-                "queue / admin (p50)",
-                r["queue_vs_admin_ratio"],
-                "<= 0.5",
-                ok(r["queue_vs_admin_ratio"] <= 0.5),
-            ),
-            ("audit page, 300k events (ms)", trio(au), "p95 <= 30", ok(au["p95"] <= 30)),
-            ("admin audit change list (ms)", trio(aa), "-", "-"),
-            (
-                "audit / admin (p50)",
-                r["audit_vs_admin_ratio"],
-                "<= 0.5",
-                ok(r["audit_vs_admin_ratio"] <= 0.5),
-            ),
-            (
-                "queries: queue / audit (1% data -> full)",
-                f"{r['queries_at_1pct']['queue']}->{r['queue_page_queries']} / "
-                f"{r['queries_at_1pct']['audit']}->{r['audit_page_queries']}",
-                "<= 8, constant",
-                ok(
-                    max(r["queue_page_queries"], r["audit_page_queries"]) <= 8
-                    and r["queries_at_1pct"]["queue"] == r["queue_page_queries"]
-                    and r["queries_at_1pct"]["audit"] == r["audit_page_queries"]
-                ),
-            ),
-        ]
-        for turns, p in pause.items():
-            rows.append(
-                (
-                    f"pause_run / to_json, {turns} turns (p50)",
-                    f"{p['ratio_p50']} ({p['pause_run_ms']['p50']} / {p['to_json_ms']['p50']} ms)",
-                    "<= 1.5",
-                    ok(p["ratio_p50"] <= 1.5),
-                )
-            )
-            rows.append(
-                (
-                    f"blob / raw JSON, {turns} turns",
-                    f"{p['blob_vs_json']} ({p['blob_bytes']} / {p['raw_json_bytes']} B)",
-                    "<= 0.3 from 10 turns" if turns >= 10 else "-",
-                    ok(p["blob_vs_json"] <= 0.3) if turns >= 10 else "-",
-                )
-            )
-        rss = r["worker_rss_kib"]
-        rows.append(
-            (
-                "worker RSS 500 -> 5,000 resumes",
-                f"{rss['after_500']} -> {rss['samples'][-1][1]} KiB "
-                f"({r['worker_rss_growth_pct']:+} %)",
-                "< 10 %",
-                ok(r["worker_rss_growth_pct"] < 10),
-            )
-        )
-        d = r["worker_death"]
-        rows.append(
-            (
-                "2 workers, one SIGKILLed",
-                f"{d['statuses']}, dup {d['duplicates']}, lost {d['lost']}, "
-                f"requeued {d['requeued_by_reaper']}",
-                "no duplicate",
-                ok(d["duplicates"] == 0),
-            )
-        )
-        widths = [max(len(str(row[i])) for row in rows) for i in range(4)]
-        lines = [
-            "| " + " | ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)) + " |"
-            for row in rows
-        ]
-        lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
-        return "\n".join(lines) + "\n"

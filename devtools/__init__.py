@@ -1,0 +1,1 @@
+"""Test, benchmark and demo tooling: installed outside production only (config/settings.py)."""

@@ -3,7 +3,7 @@ from __future__ import annotations
 from django import forms
 
 from notifications.models import DeliveryStatus, Event
-from notifications.services import WebhookURLError, check_url
+from notifications.targets import WebhookURLError, check_url
 
 
 class EndpointForm(forms.Form):

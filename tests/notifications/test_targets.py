@@ -2,7 +2,7 @@
 refused at save time and at send time (NOTIFICATIONS_ALLOW_PRIVATE_WEBHOOKS off), and a request
 goes to the address that was checked, never to a second lookup of the name.
 
-No test reaches real DNS: services._resolve (the one lookup) is replaced, and socket.getaddrinfo
+No test reaches real DNS: targets._resolve (the one lookup) is replaced, and socket.getaddrinfo
 is watched so that a lookup of a name anywhere else fails the test.
 """
 
@@ -23,7 +23,7 @@ from cryptography.x509.oid import NameOID
 from django.urls import reverse
 
 from approvals.models import AuditEvent
-from notifications import services
+from notifications import services, targets
 from notifications.models import WebhookEndpoint
 from tests.notifications.conftest import make_endpoint
 from tests.notifications.test_delivery import one_delivery
@@ -40,7 +40,7 @@ def refuse_private(settings):
 
 class FakeDNS:
     """A resolver table, name -> addresses (an unknown name does not resolve), and the names
-    socket.getaddrinfo was asked for: only services._resolve, replaced, may look a name up."""
+    socket.getaddrinfo was asked for: only targets._resolve, replaced, may look a name up."""
 
     def __init__(self) -> None:
         self.names: dict[str, list[str]] = {}
@@ -71,7 +71,7 @@ def dns(monkeypatch) -> FakeDNS:
             raise socket.gaierror(socket.EAI_NONAME, f"no real DNS in tests: {host}") from None
         return real_getaddrinfo(host, *args, **kwargs)
 
-    monkeypatch.setattr(services, "_resolve", resolve)
+    monkeypatch.setattr(targets, "_resolve", resolve)
     monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
     return fake
 
@@ -158,7 +158,7 @@ def loopback():
     ],
 )
 def test_targets_blocked_reason(address, reason):
-    assert services.blocked_reason(ipaddress.ip_address(address)) == reason
+    assert targets.blocked_reason(ipaddress.ip_address(address)) == reason
 
 
 # --- at save time -----------------------------------------------------------------------------
@@ -211,8 +211,8 @@ def test_targets_check_url_refuses_non_public_hosts(refuse_private, dns, url, me
     dns["mixed.example.com"] = [PUBLIC, "127.0.0.1"]
     dns["2130706433"] = ["127.0.0.1"]
 
-    with pytest.raises(services.WebhookURLError) as refused:
-        services.check_url(url)
+    with pytest.raises(targets.WebhookURLError) as refused:
+        targets.check_url(url)
 
     assert str(refused.value) == message
 
@@ -220,16 +220,16 @@ def test_targets_check_url_refuses_non_public_hosts(refuse_private, dns, url, me
 def test_targets_check_url_accepts_a_public_address_and_a_public_name(refuse_private, dns):
     dns["hooks.example.com"] = [PUBLIC, "2606:4700:4700::1111"]
 
-    assert services.check_url(f"https://{PUBLIC}/hook") == f"https://{PUBLIC}/hook"
-    assert services.check_url("https://hooks.example.com/x") == "https://hooks.example.com/x"
+    assert targets.check_url(f"https://{PUBLIC}/hook") == f"https://{PUBLIC}/hook"
+    assert targets.check_url("https://hooks.example.com/x") == "https://hooks.example.com/x"
 
 
 def test_targets_check_url_allowing_private_looks_nothing_up(settings, dns):
     settings.NOTIFICATIONS_ALLOW_PRIVATE_WEBHOOKS = True
 
-    assert services.check_url("http://127.0.0.1:8025/") == "http://127.0.0.1:8025/"
+    assert targets.check_url("http://127.0.0.1:8025/") == "http://127.0.0.1:8025/"
     # Not even a name that does not resolve: development may name hosts of its own.
-    assert services.check_url("https://nowhere.example.com/") == "https://nowhere.example.com/"
+    assert targets.check_url("https://nowhere.example.com/") == "https://nowhere.example.com/"
     assert dns.resolved == [] and dns.looked_up == []
 
 
@@ -296,7 +296,7 @@ def test_targets_a_webhook_the_guard_now_refuses_can_still_be_switched_off(
 
 
 def test_targets_create_endpoint_refuses_without_a_row(tenant, admin, refuse_private, dns):
-    with pytest.raises(services.WebhookURLError, match="is a private address"):
+    with pytest.raises(targets.WebhookURLError, match="is a private address"):
         make_endpoint(tenant, admin, url="http://10.0.0.1/hook")
 
     assert WebhookEndpoint.objects.count() == 0

@@ -32,15 +32,15 @@ from urllib.parse import urlsplit
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.mail import EmailMessage, get_connection
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, transaction
 from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils import timezone
 
 from approvals import audit, crypto, live
 from approvals.models import DECIDING_ROLES, ApproverGroup, AuditEvent, Membership, Run, Tenant
-from approvals.redaction import redact
 from notifications import signing
+from notifications.attempts import claim, reopen, settle, short_error, still_claimed, wake_worker
 from notifications.events import event_for
 from notifications.models import (
     Delivery,
@@ -60,17 +60,7 @@ from notifications.targets import (
 )
 
 SECRET_PURPOSE = "webhook-secret"
-MAX_ATTEMPTS = 5
-# Waits after attempts 1..4; the fifth failure is final.
-BACKOFF = [
-    timedelta(seconds=10),
-    timedelta(minutes=1),
-    timedelta(minutes=5),
-    timedelta(minutes=30),
-]
 TIMEOUT_SECONDS = 5.0
-# A claimed attempt keeps others off the delivery for this long (longer than any request).
-IN_FLIGHT = timedelta(seconds=30)
 USER_AGENT = "approval-console-webhooks/1"
 
 
@@ -342,14 +332,6 @@ def recipients_for(facts: Facts, tenant_id: int) -> list[str]:
     return _emails(ids - {None, facts.actor_id})
 
 
-def _wake_worker() -> None:
-    from approvals.services import WAKE_CHANNEL
-
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute(f"NOTIFY {WAKE_CHANNEL}")
-
-
 def fan_out(*, audit_event: AuditEvent) -> list[Delivery]:
     """Turn a committed audit event into deliveries and emails.
 
@@ -395,7 +377,7 @@ def fan_out(*, audit_event: AuditEvent) -> list[Delivery]:
             _create_emails(audit_event, event, subject, text, recipients, now)
         if created or recipients:
             live.notify_admins_on_commit(audit_event.tenant_id, status=DeliveryStatus.PENDING)
-        _wake_worker()
+        wake_worker()
     return created
 
 
@@ -408,10 +390,6 @@ class Outcome:
     status_code: int | None
     error: str
     duration_ms: int
-
-
-def _short(text: str) -> str:
-    return str(redact(" ".join(text.split())))[:200]
 
 
 class _NoRedirects(urllib.request.HTTPRedirectHandler):
@@ -591,7 +569,7 @@ def _failed(error: Exception, took: int, timed_out: str) -> Outcome:
     if isinstance(error, WebhookURLError):
         return Outcome(False, None, str(error), took)
     if isinstance(error, Unresolvable):
-        return Outcome(False, None, _short(f"cannot connect: {error}"), took)
+        return Outcome(False, None, short_error(f"cannot connect: {error}"), took)
     if isinstance(error, urllib.error.HTTPError):
         error.close()
         return _answered(error.code, took)
@@ -600,8 +578,8 @@ def _failed(error: Exception, took: int, timed_out: str) -> Outcome:
     ):
         return Outcome(False, None, timed_out, took)
     if isinstance(error, urllib.error.URLError):
-        return Outcome(False, None, _short(f"cannot connect: {error.reason}"), took)
-    return Outcome(False, None, _short(f"{type(error).__name__}: {error}"), took)
+        return Outcome(False, None, short_error(f"cannot connect: {error.reason}"), took)
+    return Outcome(False, None, short_error(f"{type(error).__name__}: {error}"), took)
 
 
 def _answered(code: int, took: int) -> Outcome:
@@ -610,69 +588,6 @@ def _answered(code: int, took: int) -> Outcome:
     if 300 <= code < 400:
         return Outcome(False, code, f"HTTP {code}: redirects are not followed", took)
     return Outcome(False, code, f"HTTP {code}", took)
-
-
-class NotRetryable(Exception):
-    pass
-
-
-def _claim(rows, pk: int, now: datetime):
-    """Take the next attempt of a pending row (a Delivery or an EmailDelivery) whose time has
-    come: attempts + 1, and the row kept from other tasks for IN_FLIGHT. None when there is
-    none."""
-    with transaction.atomic():
-        row = rows.select_for_update().filter(pk=pk).first()
-        if row is None or row.status != DeliveryStatus.PENDING:
-            return None
-        # Another task holds it, or this one ran before its time: leave it to that one.
-        if row.next_attempt_at and row.next_attempt_at > now + timedelta(seconds=1):
-            return None
-        row.attempts += 1
-        row.next_attempt_at = now + IN_FLIGHT
-        row.updated_at = now
-        row.save(update_fields=["attempts", "next_attempt_at", "updated_at"])
-        return row
-
-
-def _still_claimed(rows, row) -> bool:
-    """Lock the row and tell whether this attempt's claim is still the latest one.
-
-    An attempt that outlived IN_FLIGHT may have been overtaken (the reaper re-enqueued the
-    row and another attempt claimed it, or it was retried by hand): its outcome is dropped
-    rather than written over the newer one."""
-    return (
-        rows.select_for_update()
-        .filter(pk=row.pk, status=DeliveryStatus.PENDING, attempts=row.attempts)
-        .exists()
-    )
-
-
-def _settle(row, *, ok: bool, now: datetime) -> bool:
-    """Move a claimed row on after its attempt: delivered; failed after MAX_ATTEMPTS (returns
-    True, the failure is final); or pending until the backoff's next attempt."""
-    row.updated_at = now
-    if ok:
-        row.status = DeliveryStatus.DELIVERED
-        row.delivered_at = now
-        row.next_attempt_at = None
-        return False
-    if row.attempts >= MAX_ATTEMPTS:
-        row.status = DeliveryStatus.FAILED
-        row.next_attempt_at = None
-        return True
-    row.next_attempt_at = now + BACKOFF[min(row.attempts, len(BACKOFF)) - 1]
-    return False
-
-
-def _reopen(rows, pk: int, noun: str) -> None:
-    """A failed row back to pending from its first attempt; compare-and-set, so two clicks
-    reopen it once. Raises NotRetryable when it is not failed."""
-    now = timezone.now()
-    won = rows.filter(pk=pk, status=DeliveryStatus.FAILED).update(
-        status=DeliveryStatus.PENDING, attempts=0, next_attempt_at=now, updated_at=now
-    )
-    if not won:
-        raise NotRetryable(f"only a failed {noun} can be retried")
 
 
 def attempt(delivery_id: int, *, now: datetime | None = None) -> Delivery | None:
@@ -684,7 +599,7 @@ def attempt(delivery_id: int, *, now: datetime | None = None) -> Delivery | None
     after the backoff.
     """
     now = now or timezone.now()
-    delivery = _claim(Delivery.objects.select_related("endpoint"), delivery_id, now)
+    delivery = claim(Delivery.objects.select_related("endpoint"), delivery_id, now)
     if delivery is None:
         return None
     endpoint = delivery.endpoint
@@ -710,13 +625,13 @@ def _record(delivery: Delivery, outcome: Outcome, now: datetime) -> Delivery:
     from notifications.tasks import deliver_webhook_task
 
     with transaction.atomic():
-        if not _still_claimed(Delivery.objects, delivery):
+        if not still_claimed(Delivery.objects, delivery):
             # Overtaken by a newer attempt, or its endpoint was deleted meanwhile.
             return Delivery.objects.filter(pk=delivery.pk).first() or delivery
         delivery.last_status_code = outcome.status_code
         delivery.last_error = outcome.error
         delivery.last_duration_ms = outcome.duration_ms
-        final = _settle(delivery, ok=outcome.ok, now=now)
+        final = settle(delivery, ok=outcome.ok, now=now)
         action = "webhook.delivered" if outcome.ok else "webhook.failed" if final else ""
         delivery.save(
             update_fields=[
@@ -789,7 +704,7 @@ def requeue_stale(*, now: datetime | None = None) -> int:
                 task.enqueue(pk)
             found += len(stale)
         if found:
-            _wake_worker()
+            wake_worker()
     return found
 
 
@@ -802,14 +717,14 @@ def retry(delivery: Delivery, *, user) -> Delivery:
     from notifications.tasks import deliver_webhook_task
 
     with transaction.atomic():
-        _reopen(Delivery.objects, delivery.pk, "delivery")
+        reopen(Delivery.objects, delivery.pk, "delivery")
         delivery.refresh_from_db()
         _audit_delivery(delivery, "webhook.retried", actor=user)
         deliver_webhook_task.enqueue(delivery.pk)
         live.notify_admins_on_commit(
             delivery.tenant_id, delivery=delivery.pk, status=delivery.status
         )
-        _wake_worker()
+        wake_worker()
     return delivery
 
 
@@ -956,7 +871,7 @@ def send_email(*, audit_event_id: int, recipients: list[str]) -> int:
     subject, body = email_for(facts_for(audit_event, event))
     with transaction.atomic():
         created = _create_emails(audit_event, event, subject, body, recipients, timezone.now())
-        _wake_worker()
+        wake_worker()
     return len(created)
 
 
@@ -984,7 +899,7 @@ def _email_error(error: Exception) -> str:
     else:
         text = f"{type(error).__name__}: {error}"
     # SMTP replies often quote the address; the row names the recipient, the error need not.
-    return _short(_ADDRESS.sub(lambda match: mask_address(match.group()), text))
+    return short_error(_ADDRESS.sub(lambda match: mask_address(match.group()), text))
 
 
 def attempt_email(email_id: int, *, now: datetime | None = None) -> EmailDelivery | None:
@@ -1004,7 +919,7 @@ def attempt_emails(email_ids: list[int], *, now: datetime | None = None) -> list
     claimed email's attempt with that error.
     """
     now = now or timezone.now()
-    claimed = [e for e in (_claim(EmailDelivery.objects, pk, now) for pk in email_ids) if e]
+    claimed = [e for e in (claim(EmailDelivery.objects, pk, now) for pk in email_ids) if e]
     if not claimed:
         return []
     smtp = get_connection(fail_silently=False)
@@ -1037,11 +952,11 @@ def _record_email(email: EmailDelivery, error: str, now: datetime) -> EmailDeliv
     from notifications.tasks import deliver_email_task
 
     with transaction.atomic():
-        if not _still_claimed(EmailDelivery.objects, email):
+        if not still_claimed(EmailDelivery.objects, email):
             # Overtaken by a newer attempt, or its tenant was deleted meanwhile.
             return EmailDelivery.objects.filter(pk=email.pk).first() or email
         email.last_error = error
-        action = "email.failed" if _settle(email, ok=not error, now=now) else ""
+        action = "email.failed" if settle(email, ok=not error, now=now) else ""
         email.save(
             update_fields=[
                 "status",
@@ -1089,10 +1004,10 @@ def retry_email(email: EmailDelivery, *, user) -> EmailDelivery:
     from notifications.tasks import deliver_email_task
 
     with transaction.atomic():
-        _reopen(EmailDelivery.objects, email.pk, "email")
+        reopen(EmailDelivery.objects, email.pk, "email")
         email.refresh_from_db()
         _audit_email(email, "email.retried", actor=user)
         deliver_email_task.enqueue(email.pk)
         live.notify_admins_on_commit(email.tenant_id, email=email.pk, status=email.status)
-        _wake_worker()
+        wake_worker()
     return email

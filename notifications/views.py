@@ -16,6 +16,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from approvals.models import Membership, Role, Tenant
 from approvals.pagination import BadCursor, after_descending
 from notifications import services
+from notifications.attempts import NotRetryable
 from notifications.forms import DeliveryFilterForm, EmailFilterForm, EndpointForm
 from notifications.models import Delivery, DeliveryStatus, EmailDelivery, WebhookEndpoint
 
@@ -179,7 +180,7 @@ def delivery_retry(request: HttpRequest, tenant: str, delivery: int) -> HttpResp
     row = _get_delivery_for_admin(request, tenant, delivery)
     try:
         services.retry(row, user=request.user)
-    except services.NotRetryable as error:
+    except NotRetryable as error:
         messages.error(request, f"Delivery {row.pk} was not retried: {error}.")
     else:
         messages.success(request, f"Delivery {row.pk} will be sent again.")
@@ -242,7 +243,7 @@ def email_retry(request: HttpRequest, tenant: str, email: int) -> HttpResponse:
         raise Http404("No such email.")
     try:
         services.retry_email(row, user=request.user)
-    except services.NotRetryable as error:
+    except NotRetryable as error:
         messages.error(request, f"Email {row.pk} was not retried: {error}.")
     else:
         messages.success(request, f"Email {row.pk} will be sent again.")

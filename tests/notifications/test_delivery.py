@@ -14,7 +14,7 @@ from django_tasks_db.models import DBTaskResult
 
 from approvals import audit
 from approvals.models import AuditEvent, Role, Ticket
-from notifications import services, signing
+from notifications import attempts, services, signing
 from notifications.models import Delivery, DeliveryStatus, Event, WebhookEndpoint
 from notifications.tasks import deliver_webhook_task
 from tests.factories import member, paused_run
@@ -118,7 +118,7 @@ def test_delivery_failing_receiver_is_retried_with_backoff_then_failed_and_audit
     now = timezone.now()
     waits = []
 
-    for attempt in range(1, services.MAX_ATTEMPTS + 1):
+    for attempt in range(1, attempts.MAX_ATTEMPTS + 1):
         # Too early: nothing is sent before the next attempt's time.
         if attempt > 1:
             assert services.attempt(delivery.pk, now=now - timedelta(seconds=2)) is None
@@ -139,12 +139,12 @@ def test_delivery_failing_receiver_is_retried_with_backoff_then_failed_and_audit
         500,
         "HTTP 500",
     )
-    assert len(failing_receiver.verified) == services.MAX_ATTEMPTS
+    assert len(failing_receiver.verified) == attempts.MAX_ATTEMPTS
     # One task per attempt: the first from the fan-out, four scheduled after their backoff.
     run_afters = sorted(
         DBTaskResult.objects.filter(task_path=DELIVER_TASK).values_list("run_after", flat=True)
     )
-    assert len(run_afters) == services.MAX_ATTEMPTS
+    assert len(run_afters) == attempts.MAX_ATTEMPTS
     failed = AuditEvent.objects.get(action="webhook.failed")
     assert failed.outcome == "failed"
     assert failed.detail == {

@@ -16,6 +16,7 @@ from django_tasks_db.models import DBTaskResult
 
 from approvals import audit, services
 from approvals.models import ApproverGroup, AuditEvent, Role, Ticket
+from notifications import attempts
 from notifications import services as notifications
 from notifications.models import EmailDelivery
 from notifications.tasks import deliver_email_task, deliver_emails_task, send_email_task
@@ -271,7 +272,7 @@ def test_email_smtp_down_is_retried_with_backoff_then_failed_and_audited(tenant,
     now = timezone.now()
     waits = []
 
-    for attempt in range(1, notifications.MAX_ATTEMPTS + 1):
+    for attempt in range(1, attempts.MAX_ATTEMPTS + 1):
         if attempt > 1:
             # Too early: nothing is sent before the next attempt's time.
             assert notifications.attempt_email(email.pk, now=now - timedelta(seconds=2)) is None
@@ -285,11 +286,11 @@ def test_email_smtp_down_is_retried_with_backoff_then_failed_and_audited(tenant,
             waits.append(email.next_attempt_at - now)
             now = email.next_attempt_at
 
-    assert waits == notifications.BACKOFF
+    assert waits == attempts.BACKOFF
     assert (email.status, email.next_attempt_at) == ("failed", None)
     assert mail.outbox == []
     # One task per attempt: the fan-out's, then four scheduled after their backoff.
-    assert len(email_tasks()) == notifications.MAX_ATTEMPTS
+    assert len(email_tasks()) == attempts.MAX_ATTEMPTS
     failed = AuditEvent.objects.get(action="email.failed")
     assert (failed.outcome, failed.actor_name) == ("failed", "notifications")
     assert failed.detail == {
@@ -350,7 +351,7 @@ def test_email_retry_puts_a_failed_email_back_once_and_audits(tenant, people, sm
     email.refresh_from_db()
 
     notifications.retry_email(email, user=people["admin"])
-    with pytest.raises(notifications.NotRetryable):
+    with pytest.raises(attempts.NotRetryable):
         notifications.retry_email(email, user=people["admin"])
 
     email.refresh_from_db()
@@ -478,9 +479,9 @@ def test_email_a_stale_attempt_never_overwrites_a_newer_outcome(tenant, people, 
     escalate(tenant, people)
     email = EmailDelivery.objects.get(recipient="ann@example.com")
     start = timezone.now()
-    stale = notifications._claim(EmailDelivery.objects, email.pk, start)
+    stale = attempts.claim(EmailDelivery.objects, email.pk, start)
     # The reaper gives the row a new task after IN_FLIGHT and STALE; that attempt delivers.
-    later = start + notifications.IN_FLIGHT + notifications.STALE + timedelta(seconds=1)
+    later = start + attempts.IN_FLIGHT + notifications.STALE + timedelta(seconds=1)
     assert notifications.attempt_email(email.pk, now=later).status == "delivered"
 
     kept = notifications._record_email(stale, "TimeoutError: timed out", start)

@@ -14,7 +14,7 @@ from django_tasks_db.models import DBTaskResult
 
 from approvals import audit
 from approvals.models import AuditEvent, Role, Ticket
-from notifications import attempts, services, signing
+from notifications import attempts, services, signing, transport
 from notifications.models import Delivery, DeliveryStatus, Event, WebhookEndpoint
 from notifications.tasks import deliver_webhook_task
 from tests.factories import member, paused_run
@@ -301,9 +301,9 @@ def test_delivery_whose_endpoint_is_deleted_mid_attempt_records_nothing(tenant, 
 
     def post_while_deleted(url, body, headers):
         services.delete_endpoint(WebhookEndpoint.objects.get(pk=endpoint.pk), user=admin)
-        return services.Outcome(False, 500, "HTTP 500", 3)
+        return transport.Outcome(False, 500, "HTTP 500", 3)
 
-    monkeypatch.setattr(services, "post", post_while_deleted)
+    monkeypatch.setattr(transport, "post", post_while_deleted)
     services.attempt(delivery.pk)
 
     assert Delivery.objects.count() == 0
@@ -315,7 +315,7 @@ def test_a_receiver_that_trickles_its_headers_is_cut_at_the_deadline(monkeypatch
     import socket as sockets
     import time as clock
 
-    monkeypatch.setattr(services, "TIMEOUT_SECONDS", 1.0)
+    monkeypatch.setattr(transport, "TIMEOUT_SECONDS", 1.0)
     listener = sockets.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(1)
@@ -337,7 +337,7 @@ def test_a_receiver_that_trickles_its_headers_is_cut_at_the_deadline(monkeypatch
     thread.start()
     started = clock.monotonic()
 
-    outcome = services.post(f"http://127.0.0.1:{port}/hook", b"{}", {})
+    outcome = transport.post(f"http://127.0.0.1:{port}/hook", b"{}", {})
 
     elapsed = clock.monotonic() - started
     thread.join(10)

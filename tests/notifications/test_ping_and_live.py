@@ -13,7 +13,7 @@ from django.urls import reverse
 
 from approvals import audit, consumers, live
 from approvals.models import AuditEvent, Role
-from notifications import services
+from notifications import services, transport
 from notifications.models import Delivery, DeliveryStatus, Event
 from tests.approvals.test_consumers import ORIGIN, session_cookie, socket
 from tests.factories import TenantFactory, member
@@ -246,7 +246,7 @@ def test_post_ignores_proxies_from_the_environment(receiver, monkeypatch):
     monkeypatch.delenv("no_proxy", raising=False)
     monkeypatch.delenv("NO_PROXY", raising=False)
 
-    outcome = services.post(receiver.url, b"{}", {})
+    outcome = transport.post(receiver.url, b"{}", {})
 
     assert (outcome.ok, outcome.status_code) == (False, 401)  # the receiver itself answered
     assert len(receiver.received) == 1

@@ -23,7 +23,7 @@ from cryptography.x509.oid import NameOID
 from django.urls import reverse
 
 from approvals.models import AuditEvent
-from notifications import services, targets
+from notifications import services, targets, transport
 from notifications.models import WebhookEndpoint
 from tests.notifications.conftest import make_endpoint
 from tests.notifications.test_delivery import one_delivery
@@ -343,7 +343,7 @@ def test_targets_a_name_rebound_to_loopback_after_saving_is_refused_at_send_time
 
 
 def test_targets_post_refuses_a_loopback_address_in_a_stored_url(refuse_private, dns, loopback):
-    outcome = services.post(f"http://127.0.0.1:{loopback.port}/hook", b"{}", {})
+    outcome = transport.post(f"http://127.0.0.1:{loopback.port}/hook", b"{}", {})
 
     assert (outcome.ok, outcome.status_code, outcome.error) == (
         False,
@@ -356,14 +356,14 @@ def test_targets_post_refuses_a_loopback_address_in_a_stored_url(refuse_private,
 def test_targets_post_refuses_when_any_address_is_private(refuse_private, dns, loopback):
     dns["hooks.example.com"] = [PUBLIC, "127.0.0.1"]
 
-    outcome = services.post(f"http://hooks.example.com:{loopback.port}/hook", b"{}", {})
+    outcome = transport.post(f"http://hooks.example.com:{loopback.port}/hook", b"{}", {})
 
     assert outcome.error == "refused: hooks.example.com resolves to a loopback address"
     assert loopback.requests == []
 
 
 def test_targets_post_a_name_that_does_not_resolve_cannot_connect(dns):
-    outcome = services.post("https://nowhere.example.com/hook", b"{}", {})
+    outcome = transport.post("https://nowhere.example.com/hook", b"{}", {})
 
     assert (outcome.ok, outcome.status_code) == (False, None)
     assert outcome.error == (
@@ -411,7 +411,7 @@ def tls_loopback(tmp_path, monkeypatch):
     server_context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     server_context.load_cert_chain(cert_file, key_file)
     monkeypatch.setattr(
-        services, "_tls_context", lambda: ssl.create_default_context(cafile=cert_file)
+        transport, "_tls_context", lambda: ssl.create_default_context(cafile=cert_file)
     )
     server, thread, hits = _serve(server_context)
     hits.port = server.server_address[1]
@@ -424,7 +424,7 @@ def tls_loopback(tmp_path, monkeypatch):
 def test_targets_https_is_pinned_and_sends_the_name_for_sni_and_the_certificate(dns, tls_loopback):
     dns["hooks.example.test"] = ["127.0.0.1"]
 
-    outcome = services.post(f"https://hooks.example.test:{tls_loopback.port}/hook", b"{}", {})
+    outcome = transport.post(f"https://hooks.example.test:{tls_loopback.port}/hook", b"{}", {})
 
     assert (outcome.ok, outcome.status_code, outcome.error) == (True, 204, "")
     assert tls_loopback.sni == ["hooks.example.test"]
@@ -436,7 +436,7 @@ def test_targets_https_certificate_is_checked_against_the_name_not_the_address(d
     # Same address, same certificate, another name: the certificate does not name it.
     dns["other.example.test"] = ["127.0.0.1"]
 
-    outcome = services.post(f"https://other.example.test:{tls_loopback.port}/hook", b"{}", {})
+    outcome = transport.post(f"https://other.example.test:{tls_loopback.port}/hook", b"{}", {})
 
     assert (outcome.ok, outcome.status_code) == (False, None)
     assert "certificate verify failed" in outcome.error

@@ -23,7 +23,6 @@ import secrets
 import smtplib
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
@@ -37,6 +36,9 @@ from approvals import audit, crypto, live
 from approvals.models import DECIDING_ROLES, ApproverGroup, AuditEvent, Membership, Run, Tenant
 from notifications import signing, transport
 from notifications.attempts import claim, reopen, settle, short_error, still_claimed, wake_worker
+from notifications.endpoints import audited_host, endpoint_secret
+from notifications.endpoints import create_endpoint as create_endpoint
+from notifications.endpoints import rotate_webhook_secrets as rotate_webhook_secrets
 from notifications.events import event_for
 from notifications.models import (
     Delivery,
@@ -46,151 +48,8 @@ from notifications.models import (
     WebhookEndpoint,
 )
 from notifications.targets import WebhookURLError as WebhookURLError
-from notifications.targets import check_url
 
-SECRET_PURPOSE = "webhook-secret"
 USER_AGENT = "approval-console-webhooks/1"
-
-
-# --- secrets --------------------------------------------------------------------------------
-
-
-def _binding(endpoint: WebhookEndpoint) -> dict[str, object]:
-    return {"tenant": endpoint.tenant_id, "endpoint": endpoint.pk}
-
-
-def _seal_secret(endpoint: WebhookEndpoint, secret: str) -> None:
-    sealed = crypto.seal(secret.encode(), purpose=SECRET_PURPOSE, **_binding(endpoint))
-    endpoint.secret_key_id = sealed.key_id
-    endpoint.secret_nonce = sealed.nonce
-    endpoint.secret_ciphertext = sealed.ciphertext
-
-
-def endpoint_secret(endpoint: WebhookEndpoint) -> str:
-    """The signing secret. Raises crypto.CryptoError when it cannot be opened."""
-    return crypto.open_sealed(
-        crypto.Sealed(
-            endpoint.secret_key_id, bytes(endpoint.secret_nonce), bytes(endpoint.secret_ciphertext)
-        ),
-        purpose=SECRET_PURPOSE,
-        **_binding(endpoint),
-    ).decode()
-
-
-def rotate_webhook_secrets() -> dict[str, int]:
-    """Re-seal every endpoint secret under the primary key (called by rotate_keys).
-
-    Side effects: each endpoint not under the primary key is re-sealed in its own transaction.
-    """
-    primary = crypto.primary_key_id()
-    counts = {"rotated": 0, "failed": 0}
-    ids = WebhookEndpoint.objects.exclude(secret_key_id=primary).values_list("pk", flat=True)
-    for pk in list(ids):
-        with transaction.atomic():
-            endpoint = WebhookEndpoint.objects.select_for_update().get(pk=pk)
-            try:
-                secret = endpoint_secret(endpoint)
-            except crypto.CryptoError:
-                counts["failed"] += 1
-                continue
-            _seal_secret(endpoint, secret)
-            endpoint.save(update_fields=["secret_key_id", "secret_nonce", "secret_ciphertext"])
-            counts["rotated"] += 1
-    return counts
-
-
-# --- endpoints ------------------------------------------------------------------------------
-
-
-def _host(url: str) -> str:
-    # The audit log names the host only: a path or query may carry a receiver's token.
-    parts = urlsplit(url)
-    return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}"
-
-
-def create_endpoint(
-    *,
-    tenant: Tenant,
-    user,
-    url: str,
-    description: str = "",
-    events: list[str],
-    active: bool = True,
-) -> tuple[WebhookEndpoint, str]:
-    """Create an endpoint with a new signing secret; returns it with the secret, shown once.
-
-    Side effects: inserts the endpoint with the secret sealed; audit webhook.created.
-    """
-    check_url(url)
-    secret = "whsec_" + secrets.token_urlsafe(32)
-    with transaction.atomic():
-        endpoint = WebhookEndpoint.objects.create(
-            tenant=tenant,
-            url=url,
-            description=description,
-            events=sorted(set(events)),
-            active=active,
-            created_by=user,
-        )
-        # The sealed secret is bound to the endpoint's id, so it is sealed once the row exists.
-        _seal_secret(endpoint, secret)
-        endpoint.save(update_fields=["secret_key_id", "secret_nonce", "secret_ciphertext"])
-        audit.append(
-            tenant_id=tenant.pk,
-            action="webhook.created",
-            actor=user,
-            outcome="active" if active else "inactive",
-            detail={"endpoint": endpoint.pk, "host": _host(url), "events": endpoint.events},
-        )
-    return endpoint, secret
-
-
-def update_endpoint(
-    endpoint: WebhookEndpoint,
-    *,
-    user,
-    url: str,
-    description: str,
-    events: list[str],
-    active: bool,
-) -> WebhookEndpoint:
-    """Change an endpoint's URL, description, events or active flag; the secret stays.
-
-    Side effects: updates the row; audit webhook.changed.
-    """
-    check_url(url, saved=endpoint.url)
-    with transaction.atomic():
-        endpoint.url = url
-        endpoint.description = description
-        endpoint.events = sorted(set(events))
-        endpoint.active = active
-        endpoint.updated_at = timezone.now()
-        endpoint.save(update_fields=["url", "description", "events", "active", "updated_at"])
-        audit.append(
-            tenant_id=endpoint.tenant_id,
-            action="webhook.changed",
-            actor=user,
-            outcome="active" if active else "inactive",
-            detail={"endpoint": endpoint.pk, "host": _host(url), "events": endpoint.events},
-        )
-    return endpoint
-
-
-def delete_endpoint(endpoint: WebhookEndpoint, *, user) -> None:
-    """Delete an endpoint and its delivery log.
-
-    Side effects: deletes the endpoint and its deliveries; audit webhook.deleted. A delivery
-    task still queued for it finds no row and does nothing.
-    """
-    with transaction.atomic():
-        audit.append(
-            tenant_id=endpoint.tenant_id,
-            action="webhook.deleted",
-            actor=user,
-            outcome="deleted",
-            detail={"endpoint": endpoint.pk, "host": _host(endpoint.url)},
-        )
-        endpoint.delete()
 
 
 # --- fan-out --------------------------------------------------------------------------------
@@ -567,7 +426,7 @@ def ping(endpoint: WebhookEndpoint, *, user) -> transport.Outcome:
             outcome=DeliveryStatus.DELIVERED if outcome.ok else DeliveryStatus.FAILED,
             detail={
                 "endpoint": endpoint.pk,
-                "host": _host(endpoint.url),
+                "host": audited_host(endpoint.url),
                 "status_code": outcome.status_code,
                 "error": outcome.error,
                 "duration_ms": outcome.duration_ms,

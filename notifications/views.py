@@ -15,7 +15,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from approvals.models import Membership, Role, Tenant
 from approvals.pagination import BadCursor, after_descending
-from notifications import services
+from notifications import endpoints, services
 from notifications.attempts import NotRetryable
 from notifications.forms import DeliveryFilterForm, EmailFilterForm, EndpointForm
 from notifications.models import Delivery, DeliveryStatus, EmailDelivery, WebhookEndpoint
@@ -84,7 +84,7 @@ def endpoint_list(request: HttpRequest, tenant: str) -> HttpResponse:
     if request.method == "POST":
         form = EndpointForm(request.POST)
         if form.is_valid():
-            endpoint, secret = services.create_endpoint(
+            endpoint, secret = endpoints.create_endpoint(
                 tenant=tenant_row, user=request.user, **form.cleaned_data
             )
             # Shown in this response only: the secret is stored sealed and never shown again.
@@ -105,7 +105,7 @@ def endpoint_edit(request: HttpRequest, tenant: str, endpoint: int) -> HttpRespo
     if request.method == "POST":
         form = EndpointForm(request.POST, saved_url=row.url)
         if form.is_valid():
-            services.update_endpoint(row, user=request.user, **form.cleaned_data)
+            endpoints.update_endpoint(row, user=request.user, **form.cleaned_data)
             messages.success(request, "Webhook saved.")
             return redirect("notifications:webhooks", tenant=tenant)
         status = 400
@@ -126,7 +126,7 @@ def endpoint_edit(request: HttpRequest, tenant: str, endpoint: int) -> HttpRespo
 @require_POST
 def endpoint_delete(request: HttpRequest, tenant: str, endpoint: int) -> HttpResponse:
     row = _get_endpoint_for_admin(request, tenant, endpoint)
-    services.delete_endpoint(row, user=request.user)
+    endpoints.delete_endpoint(row, user=request.user)
     messages.success(request, "Webhook deleted with its delivery log.")
     return redirect("notifications:webhooks", tenant=tenant)
 

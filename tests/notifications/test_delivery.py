@@ -14,7 +14,7 @@ from django_tasks_db.models import DBTaskResult
 
 from approvals import audit
 from approvals.models import AuditEvent, Role, Ticket
-from notifications import attempts, services, signing, transport
+from notifications import attempts, endpoints, services, signing, transport
 from notifications.models import Delivery, DeliveryStatus, Event, WebhookEndpoint
 from notifications.tasks import deliver_webhook_task
 from tests.factories import member, paused_run
@@ -213,7 +213,7 @@ def test_delivery_to_a_non_http_url_is_refused_without_a_request(tenant, admin):
 def test_delivery_of_a_deleted_endpoint_does_nothing(tenant, admin):
     endpoint, _ = make_endpoint(tenant, admin)
     delivery = one_delivery(tenant, endpoint)
-    services.delete_endpoint(endpoint, user=admin)
+    endpoints.delete_endpoint(endpoint, user=admin)
 
     assert deliver_webhook_task.call(delivery.pk) == "skipped"
 
@@ -225,7 +225,7 @@ def test_endpoint_secret_is_stored_sealed_and_bound_to_its_endpoint(tenant, admi
     stored = WebhookEndpoint.objects.get(pk=endpoint.pk)
     assert secret.startswith("whsec_") and len(secret) > 40
     assert secret.encode() not in bytes(stored.secret_ciphertext)
-    assert services.endpoint_secret(stored) == secret
+    assert endpoints.endpoint_secret(stored) == secret
     # The sealed blob moved to another endpoint does not open.
     WebhookEndpoint.objects.filter(pk=other.pk).update(
         secret_nonce=stored.secret_nonce, secret_ciphertext=stored.secret_ciphertext
@@ -233,7 +233,7 @@ def test_endpoint_secret_is_stored_sealed_and_bound_to_its_endpoint(tenant, admi
     from approvals.crypto import CryptoError
 
     with pytest.raises(CryptoError):
-        services.endpoint_secret(WebhookEndpoint.objects.get(pk=other.pk))
+        endpoints.endpoint_secret(WebhookEndpoint.objects.get(pk=other.pk))
 
 
 def test_rotate_webhook_secrets_reseals_under_the_new_primary_key(tenant, admin, settings):
@@ -241,11 +241,11 @@ def test_rotate_webhook_secrets_reseals_under_the_new_primary_key(tenant, admin,
     old = list(settings.APPROVALS_ENCRYPTION_KEYS)
     settings.APPROVALS_ENCRYPTION_KEYS = [("new1", b"k" * 32), *old]
 
-    assert services.rotate_webhook_secrets() == {"rotated": 1, "failed": 0}
+    assert endpoints.rotate_webhook_secrets() == {"rotated": 1, "failed": 0}
 
     stored = WebhookEndpoint.objects.get(pk=endpoint.pk)
     assert stored.secret_key_id == "new1"
-    assert services.endpoint_secret(stored) == secret
+    assert endpoints.endpoint_secret(stored) == secret
 
 
 def test_fan_out_only_for_selected_events(tenant, admin):
@@ -300,7 +300,7 @@ def test_delivery_whose_endpoint_is_deleted_mid_attempt_records_nothing(tenant, 
     delivery = one_delivery(tenant, endpoint)
 
     def post_while_deleted(url, body, headers):
-        services.delete_endpoint(WebhookEndpoint.objects.get(pk=endpoint.pk), user=admin)
+        endpoints.delete_endpoint(WebhookEndpoint.objects.get(pk=endpoint.pk), user=admin)
         return transport.Outcome(False, 500, "HTTP 500", 3)
 
     monkeypatch.setattr(transport, "post", post_while_deleted)

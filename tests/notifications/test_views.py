@@ -9,7 +9,7 @@ from django_tasks_db.models import DBTaskResult
 
 from approvals import audit
 from approvals.models import AuditEvent, Role
-from notifications import services
+from notifications import endpoints, services
 from notifications.models import Delivery, DeliveryStatus, Event, WebhookEndpoint
 from tests.factories import TenantFactory, member
 from tests.notifications.conftest import make_endpoint
@@ -49,7 +49,7 @@ def test_webhooks_create_shows_the_secret_once_and_never_again(client, tenant, a
     )
 
     endpoint = WebhookEndpoint.objects.get()
-    secret = services.endpoint_secret(endpoint)
+    secret = endpoints.endpoint_secret(endpoint)
     page = response.content.decode()
     assert response.status_code == 201
     assert secret in page
@@ -180,7 +180,7 @@ def test_webhook_edit_changes_events_and_active_and_keeps_the_secret(client, ten
         ["run.completed"],
         False,
     )
-    assert services.endpoint_secret(endpoint) == secret
+    assert endpoints.endpoint_secret(endpoint) == secret
     assert AuditEvent.objects.filter(action="webhook.changed").count() == 1
 
 

@@ -20,6 +20,7 @@ from django.urls import get_resolver, path, resolve
 from approvals import audit
 from approvals.audit import verify_chain
 from approvals.models import Role, Run, RunStatus, Tenant, Ticket, TicketStatus
+from notifications import endpoints
 from notifications import services as notifications
 from notifications.models import Delivery, DeliveryStatus, EmailDelivery, Event, WebhookEndpoint
 from sessions_admin.models import StoredItem, StoredSession
@@ -92,7 +93,7 @@ class Side:
 
 def webhook_for(tenant: Tenant, admin, url: str) -> tuple[WebhookEndpoint, Delivery]:
     """An endpoint with one failed delivery, so that a retry would change something."""
-    endpoint, _ = notifications.create_endpoint(
+    endpoint, _ = endpoints.create_endpoint(
         tenant=tenant, user=admin, url=url, events=list(Event.values)
     )
     with transaction.atomic():

@@ -13,7 +13,7 @@ from django_tasks_db.models import DBTaskResult
 
 from approvals import audit
 from approvals.models import AuditEvent, Role
-from notifications import services
+from notifications import events, services
 from notifications.models import DeliveryStatus, EmailDelivery
 from tests.factories import TenantFactory, member
 
@@ -34,7 +34,7 @@ def email_row(tenant, to="ann@example.com", **fields) -> EmailDelivery:
     """A recorded email about a run.failed event, as fan_out writes it, then changed by fields."""
     with transaction.atomic():
         event = audit.append(tenant_id=tenant.pk, action="run.failed", actor_name="worker")
-    facts = services.facts_for(event, "run.failed")
+    facts = events.facts_for(event, "run.failed")
     subject, body = services.email_for(facts)
     now = timezone.now()
     values = {"next_attempt_at": now, "created_at": now, "updated_at": now, **fields}

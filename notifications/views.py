@@ -15,7 +15,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from approvals.models import Membership, Role, Tenant
 from approvals.pagination import BadCursor, after_descending
-from notifications import endpoints, services
+from notifications import emails, endpoints, services
 from notifications.attempts import NotRetryable
 from notifications.forms import DeliveryFilterForm, EmailFilterForm, EndpointForm
 from notifications.models import Delivery, DeliveryStatus, EmailDelivery, WebhookEndpoint
@@ -242,7 +242,7 @@ def email_retry(request: HttpRequest, tenant: str, email: int) -> HttpResponse:
     if row is None:
         raise Http404("No such email.")
     try:
-        services.retry_email(row, user=request.user)
+        emails.retry_email(row, user=request.user)
     except NotRetryable as error:
         messages.error(request, f"Email {row.pk} was not retried: {error}.")
     else:

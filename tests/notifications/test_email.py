@@ -16,18 +16,19 @@ from django_tasks_db.models import DBTaskResult
 
 from approvals import audit, services
 from approvals.models import ApproverGroup, AuditEvent, Role, Ticket
-from notifications import attempts
+from notifications import attempts, emails
 from notifications import services as notifications
+from notifications.emails import deliver_email_task, deliver_emails_task
 from notifications.models import EmailDelivery
-from notifications.tasks import deliver_email_task, deliver_emails_task, send_email_task
+from notifications.tasks import send_email_task
 from tests.factories import member, paused_run
 from tests.notifications.mail_backends import RefusingBackend
 
 pytestmark = pytest.mark.django_db
 
-EMAIL_TASK = "notifications.tasks.deliver_email_task"
+EMAIL_TASK = "notifications.emails.deliver_email_task"
 # The emails of one event go out together; a retry goes alone.
-BATCH_TASK = "notifications.tasks.deliver_emails_task"
+BATCH_TASK = "notifications.emails.deliver_emails_task"
 
 
 @pytest.fixture(autouse=True)
@@ -275,8 +276,8 @@ def test_email_smtp_down_is_retried_with_backoff_then_failed_and_audited(tenant,
     for attempt in range(1, attempts.MAX_ATTEMPTS + 1):
         if attempt > 1:
             # Too early: nothing is sent before the next attempt's time.
-            assert notifications.attempt_email(email.pk, now=now - timedelta(seconds=2)) is None
-        email = notifications.attempt_email(email.pk, now=now)
+            assert emails.attempt_email(email.pk, now=now - timedelta(seconds=2)) is None
+        email = emails.attempt_email(email.pk, now=now)
         assert email.attempts == attempt
         if attempt == 1:
             assert (email.status, email.next_attempt_at) == ("pending", now + timedelta(seconds=10))
@@ -303,7 +304,7 @@ def test_email_smtp_down_is_retried_with_backoff_then_failed_and_audited(tenant,
     }
     # The audit event notifies no one, and a failed email is never sent again by itself.
     assert EmailDelivery.objects.count() == 1
-    assert notifications.attempt_email(email.pk, now=now + timedelta(days=1)) is None
+    assert emails.attempt_email(email.pk, now=now + timedelta(days=1)) is None
     smtp.down = False
     assert deliver_email_task.call(email.pk) == "skipped"
     assert mail.outbox == []
@@ -328,7 +329,7 @@ def test_email_a_refused_recipient_is_retried_alone_with_the_same_message(tenant
     assert email_tasks() == [(bob.pk, bob.next_attempt_at)]
 
     smtp.refused.clear()
-    notifications.attempt_email(bob.pk, now=bob.next_attempt_at)
+    emails.attempt_email(bob.pk, now=bob.next_attempt_at)
 
     bob.refresh_from_db()
     assert (bob.status, bob.attempts, bob.last_error) == ("delivered", 2, "")
@@ -350,9 +351,9 @@ def test_email_retry_puts_a_failed_email_back_once_and_audits(tenant, people, sm
     DBTaskResult.objects.all().delete()
     email.refresh_from_db()
 
-    notifications.retry_email(email, user=people["admin"])
+    emails.retry_email(email, user=people["admin"])
     with pytest.raises(attempts.NotRetryable):
-        notifications.retry_email(email, user=people["admin"])
+        emails.retry_email(email, user=people["admin"])
 
     email.refresh_from_db()
     assert (email.status, email.attempts) == ("pending", 0)
@@ -418,7 +419,7 @@ def test_email_any_backend_error_is_a_short_masked_failed_attempt(
         raise error
 
     monkeypatch.setattr(EmailMessage, "send", broken)
-    email = notifications.attempt_email(email.pk)
+    email = emails.attempt_email(email.pk)
 
     assert (email.status, email.attempts) == ("pending", 1)
     assert email.last_error == (
@@ -482,9 +483,9 @@ def test_email_a_stale_attempt_never_overwrites_a_newer_outcome(tenant, people, 
     stale = attempts.claim(EmailDelivery.objects, email.pk, start)
     # The reaper gives the row a new task after IN_FLIGHT and STALE; that attempt delivers.
     later = start + attempts.IN_FLIGHT + notifications.STALE + timedelta(seconds=1)
-    assert notifications.attempt_email(email.pk, now=later).status == "delivered"
+    assert emails.attempt_email(email.pk, now=later).status == "delivered"
 
-    kept = notifications._record_email(stale, "TimeoutError: timed out", start)
+    kept = emails._record_email(stale, "TimeoutError: timed out", start)
 
     email.refresh_from_db()
     assert (kept.status, email.status, email.attempts) == ("delivered", "delivered", 2)

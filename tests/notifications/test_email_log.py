@@ -13,13 +13,13 @@ from django_tasks_db.models import DBTaskResult
 
 from approvals import audit
 from approvals.models import AuditEvent, Role
-from notifications import events, services
+from notifications import emails, events
 from notifications.models import DeliveryStatus, EmailDelivery
 from tests.factories import TenantFactory, member
 
 pytestmark = pytest.mark.django_db
 
-EMAIL_TASK = "notifications.tasks.deliver_email_task"
+EMAIL_TASK = "notifications.emails.deliver_email_task"
 
 
 def log_url(slug="acme") -> str:
@@ -35,7 +35,7 @@ def email_row(tenant, to="ann@example.com", **fields) -> EmailDelivery:
     with transaction.atomic():
         event = audit.append(tenant_id=tenant.pk, action="run.failed", actor_name="worker")
     facts = events.facts_for(event, "run.failed")
-    subject, body = services.email_for(facts)
+    subject, body = emails.email_for(facts)
     now = timezone.now()
     values = {"next_attempt_at": now, "created_at": now, "updated_at": now, **fields}
     return EmailDelivery.objects.create(

@@ -13,7 +13,7 @@ from django.urls import reverse
 
 from approvals import audit, consumers, live
 from approvals.models import AuditEvent, Role
-from notifications import services, transport
+from notifications import emails, services, transport
 from notifications.models import Delivery, DeliveryStatus, Event
 from tests.approvals.test_consumers import ORIGIN, session_cookie, socket
 from tests.factories import TenantFactory, member
@@ -212,7 +212,7 @@ def test_email_log_live_reread_and_email_hints_go_to_admins(
 
     rows = client.get(url, headers={"HX-Request": "true", "HX-Target": "email-rows"})
     with django_capture_on_commit_callbacks(execute=True):
-        services.retry_email(email, user=admin)
+        emails.retry_email(email, user=admin)
 
     assert rows.status_code == 200
     assert rows.content.decode().lstrip().startswith('<div id="email-rows"')

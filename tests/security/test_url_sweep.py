@@ -20,7 +20,7 @@ from django.urls import get_resolver, path, resolve
 from approvals import audit
 from approvals.audit import verify_chain
 from approvals.models import Role, Run, RunStatus, Tenant, Ticket, TicketStatus
-from notifications import endpoints, events
+from notifications import emails, endpoints, events
 from notifications import services as notifications
 from notifications.models import Delivery, DeliveryStatus, EmailDelivery, Event, WebhookEndpoint
 from sessions_admin.models import StoredItem, StoredSession
@@ -109,7 +109,7 @@ def failed_email_for(tenant: Tenant) -> EmailDelivery:
     and its address the tenant's slug, so a page that shows it to another tenant leaks."""
     with transaction.atomic():
         event = audit.append(tenant_id=tenant.pk, action="run.failed", actor_name="worker")
-    subject, text = notifications.email_for(events.facts_for(event, Event.RUN_FAILED))
+    subject, text = emails.email_for(events.facts_for(event, Event.RUN_FAILED))
     return EmailDelivery.objects.create(
         tenant=tenant,
         audit_event_id=event.pk,

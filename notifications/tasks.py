@@ -1,25 +1,20 @@
-"""Background tasks: thin wrappers that take primitive ids and call a service.
+"""The queue's old addresses of the notifications' tasks: nothing in the code imports this.
 
-The email tasks live in notifications.emails, beside the functions they call. A queued task is
-stored with its dotted path and found again by it, so the tasks queued as
-notifications.tasks.deliver_email(s)_task before that move still need these names here.
+A queued task is stored with its dotted path and found again by it when a worker runs it. The
+tasks now live beside the function each one calls (deliveries, emails), so the tasks already
+queued under notifications.tasks.* before that move still need these names: the three below
+are the same tasks under their old paths, and send_email_task, which only ever runs tasks
+queued by an older version, stays defined here.
 """
 
 from __future__ import annotations
 
 from django_tasks import task
 
+from notifications.deliveries import deliver_webhook_task
 from notifications.emails import deliver_email_task, deliver_emails_task, send_email
 
 __all__ = ["deliver_email_task", "deliver_emails_task", "deliver_webhook_task", "send_email_task"]
-
-
-@task()
-def deliver_webhook_task(delivery_id: int) -> str:
-    from notifications import services
-
-    delivery = services.attempt(delivery_id)
-    return delivery.status if delivery else "skipped"
 
 
 @task()

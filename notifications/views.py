@@ -15,7 +15,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from approvals.models import Membership, Role, Tenant
 from approvals.pagination import BadCursor, after_descending
-from notifications import emails, endpoints, services
+from notifications import deliveries, emails, endpoints
 from notifications.attempts import NotRetryable
 from notifications.forms import DeliveryFilterForm, EmailFilterForm, EndpointForm
 from notifications.models import Delivery, DeliveryStatus, EmailDelivery, WebhookEndpoint
@@ -135,7 +135,7 @@ def endpoint_delete(request: HttpRequest, tenant: str, endpoint: int) -> HttpRes
 @require_POST
 def endpoint_ping(request: HttpRequest, tenant: str, endpoint: int) -> HttpResponse:
     row = _get_endpoint_for_admin(request, tenant, endpoint)
-    outcome = services.ping(row, user=request.user)
+    outcome = deliveries.ping(row, user=request.user)
     took = f"in {outcome.duration_ms} ms"
     if outcome.ok:
         messages.success(
@@ -179,7 +179,7 @@ def delivery_log(request: HttpRequest, tenant: str) -> HttpResponse:
 def delivery_retry(request: HttpRequest, tenant: str, delivery: int) -> HttpResponse:
     row = _get_delivery_for_admin(request, tenant, delivery)
     try:
-        services.retry(row, user=request.user)
+        deliveries.retry(row, user=request.user)
     except NotRetryable as error:
         messages.error(request, f"Delivery {row.pk} was not retried: {error}.")
     else:

@@ -14,15 +14,15 @@ from django_tasks_db.models import DBTaskResult
 
 from approvals import audit
 from approvals.models import AuditEvent, Role, Ticket
-from notifications import attempts, endpoints, services, signing, transport
+from notifications import attempts, deliveries, endpoints, services, signing, transport
+from notifications.deliveries import deliver_webhook_task
 from notifications.models import Delivery, DeliveryStatus, Event, WebhookEndpoint
-from notifications.tasks import deliver_webhook_task
 from tests.factories import member, paused_run
 from tests.notifications.conftest import make_endpoint
 
 pytestmark = pytest.mark.django_db
 
-DELIVER_TASK = "notifications.tasks.deliver_webhook_task"
+DELIVER_TASK = "notifications.deliveries.deliver_webhook_task"
 
 
 def one_delivery(tenant, endpoint, action="ticket.escalated") -> Delivery:
@@ -83,7 +83,7 @@ def test_delivery_with_the_wrong_secret_is_refused_by_the_receiver(tenant, admin
     receiver.secrets.append("whsec_not-the-right-one")
     delivery = one_delivery(tenant, endpoint)
 
-    services.attempt(delivery.pk)
+    deliveries.attempt(delivery.pk)
 
     delivery.refresh_from_db()
     assert [r.verified for r in receiver.received] == [False]
@@ -121,8 +121,8 @@ def test_delivery_failing_receiver_is_retried_with_backoff_then_failed_and_audit
     for attempt in range(1, attempts.MAX_ATTEMPTS + 1):
         # Too early: nothing is sent before the next attempt's time.
         if attempt > 1:
-            assert services.attempt(delivery.pk, now=now - timedelta(seconds=2)) is None
-        delivery = services.attempt(delivery.pk, now=now)
+            assert deliveries.attempt(delivery.pk, now=now - timedelta(seconds=2)) is None
+        delivery = deliveries.attempt(delivery.pk, now=now)
         assert delivery.attempts == attempt
         if delivery.next_attempt_at:
             waits.append(delivery.next_attempt_at - now)
@@ -158,7 +158,7 @@ def test_delivery_failing_receiver_is_retried_with_backoff_then_failed_and_audit
     }
     # Only the final failure is audited, and a finished delivery is never sent again.
     assert AuditEvent.objects.filter(action__startswith="webhook.").count() == 2  # + created
-    assert services.attempt(delivery.pk, now=now + timedelta(days=1)) is None
+    assert deliveries.attempt(delivery.pk, now=now + timedelta(days=1)) is None
 
 
 def test_delivery_a_redirect_is_not_followed(tenant, admin):
@@ -180,7 +180,7 @@ def test_delivery_a_redirect_is_not_followed(tenant, admin):
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}/hook"
         endpoint, _ = make_endpoint(tenant, admin, url=url)
-        delivery = services.attempt(one_delivery(tenant, endpoint).pk)
+        delivery = deliveries.attempt(one_delivery(tenant, endpoint).pk)
     finally:
         server.shutdown()
         server.server_close()
@@ -193,7 +193,7 @@ def test_delivery_a_redirect_is_not_followed(tenant, admin):
 def test_delivery_connection_refused_is_a_short_error(tenant, admin):
     endpoint, _ = make_endpoint(tenant, admin, url="http://127.0.0.1:9/hook")
 
-    delivery = services.attempt(one_delivery(tenant, endpoint).pk)
+    delivery = deliveries.attempt(one_delivery(tenant, endpoint).pk)
 
     assert delivery.status == "pending"
     assert delivery.last_status_code is None
@@ -205,7 +205,7 @@ def test_delivery_to_a_non_http_url_is_refused_without_a_request(tenant, admin):
     endpoint, _ = make_endpoint(tenant, admin)
     WebhookEndpoint.objects.filter(pk=endpoint.pk).update(url="file:///etc/passwd")
 
-    delivery = services.attempt(one_delivery(tenant, endpoint).pk)
+    delivery = deliveries.attempt(one_delivery(tenant, endpoint).pk)
 
     assert delivery.last_error == "Enter an http:// or https:// URL with a host name."
 
@@ -287,8 +287,8 @@ def test_requeue_stale_gives_a_lost_delivery_its_task_once(tenant, admin):
     Delivery.objects.filter(pk=delivery.pk).update(next_attempt_at=now - timedelta(minutes=3))
     fresh = one_delivery(tenant, endpoint, action="run.completed")
 
-    assert services.requeue_stale(now=now) == 1
-    assert services.requeue_stale(now=now + timedelta(seconds=10)) == 0
+    assert deliveries.requeue_stale(now=now) == 1
+    assert deliveries.requeue_stale(now=now + timedelta(seconds=10)) == 0
 
     # The fresh delivery's own task, and one again for the lost one.
     tasks = DBTaskResult.objects.filter(task_path=DELIVER_TASK)
@@ -304,7 +304,7 @@ def test_delivery_whose_endpoint_is_deleted_mid_attempt_records_nothing(tenant, 
         return transport.Outcome(False, 500, "HTTP 500", 3)
 
     monkeypatch.setattr(transport, "post", post_while_deleted)
-    services.attempt(delivery.pk)
+    deliveries.attempt(delivery.pk)
 
     assert Delivery.objects.count() == 0
     assert DBTaskResult.objects.filter(task_path=DELIVER_TASK).count() == 1  # the fan-out's

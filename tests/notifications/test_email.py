@@ -16,7 +16,7 @@ from django_tasks_db.models import DBTaskResult
 
 from approvals import audit, services
 from approvals.models import ApproverGroup, AuditEvent, Role, Ticket
-from notifications import attempts, emails
+from notifications import attempts, deliveries, emails
 from notifications import services as notifications
 from notifications.emails import deliver_email_task, deliver_emails_task
 from notifications.models import EmailDelivery
@@ -375,8 +375,8 @@ def test_email_requeue_stale_gives_a_lost_email_its_task_once(tenant, people):
     now = timezone.now()
     EmailDelivery.objects.filter(pk=lost.pk).update(next_attempt_at=now - timedelta(minutes=3))
 
-    assert notifications.requeue_stale(now=now) == 1
-    assert notifications.requeue_stale(now=now + timedelta(seconds=10)) == 0
+    assert deliveries.requeue_stale(now=now) == 1
+    assert deliveries.requeue_stale(now=now + timedelta(seconds=10)) == 0
 
     assert [pk for pk, _ in email_tasks()] == [lost.pk]
     assert deliver_email_task.call(lost.pk) == "delivered"
@@ -482,7 +482,7 @@ def test_email_a_stale_attempt_never_overwrites_a_newer_outcome(tenant, people, 
     start = timezone.now()
     stale = attempts.claim(EmailDelivery.objects, email.pk, start)
     # The reaper gives the row a new task after IN_FLIGHT and STALE; that attempt delivers.
-    later = start + attempts.IN_FLIGHT + notifications.STALE + timedelta(seconds=1)
+    later = start + attempts.IN_FLIGHT + deliveries.STALE + timedelta(seconds=1)
     assert emails.attempt_email(email.pk, now=later).status == "delivered"
 
     kept = emails._record_email(stale, "TimeoutError: timed out", start)

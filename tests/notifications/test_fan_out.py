@@ -19,7 +19,7 @@ from tests.notifications.conftest import make_endpoint
 
 pytestmark = pytest.mark.django_db
 
-DELIVER_TASK = "notifications.tasks.deliver_webhook_task"
+DELIVER_TASK = "notifications.deliveries.deliver_webhook_task"
 
 
 def deliveries(endpoint) -> list[tuple[str, str]]:

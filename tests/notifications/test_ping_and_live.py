@@ -13,7 +13,7 @@ from django.urls import reverse
 
 from approvals import audit, consumers, live
 from approvals.models import AuditEvent, Role
-from notifications import emails, services, transport
+from notifications import deliveries, emails, transport
 from notifications.models import Delivery, DeliveryStatus, Event
 from tests.approvals.test_consumers import ORIGIN, session_cookie, socket
 from tests.factories import TenantFactory, member
@@ -136,7 +136,7 @@ def test_delivery_changes_hint_the_tenants_admins_only(
     delivery = failed_delivery(tenant, endpoint)  # fan-out, then marked failed by hand
 
     with django_capture_on_commit_callbacks(execute=True):
-        services.retry(delivery, user=admin)
+        deliveries.retry(delivery, user=admin)
         assert sent == []  # nothing before the commit
 
     assert sent == [
@@ -185,7 +185,7 @@ def test_consumer_tells_admins_of_a_delivery_change_and_approvers_nothing(settin
         )
         assert (await admin_socket.connect())[0] and (await approver_socket.connect())[0]
         try:
-            await database_sync_to_async(services.retry)(delivery, user=admin)
+            await database_sync_to_async(deliveries.retry)(delivery, user=admin)
             hint = await admin_socket.receive_from(timeout=5)
             quiet = await approver_socket.receive_nothing(timeout=0.5)
             return hint, quiet

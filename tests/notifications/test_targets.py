@@ -23,7 +23,7 @@ from cryptography.x509.oid import NameOID
 from django.urls import reverse
 
 from approvals.models import AuditEvent
-from notifications import services, targets, transport
+from notifications import deliveries, targets, transport
 from notifications.models import WebhookEndpoint
 from tests.notifications.conftest import make_endpoint
 from tests.notifications.test_delivery import one_delivery
@@ -314,7 +314,7 @@ def test_targets_the_connection_goes_to_the_resolved_address_with_the_name_as_ho
     url = f"http://hooks.example.test:{loopback.port}/hook"
     endpoint, _ = make_endpoint(tenant, admin, url=url)
 
-    delivery = services.attempt(one_delivery(tenant, endpoint).pk)
+    delivery = deliveries.attempt(one_delivery(tenant, endpoint).pk)
 
     assert (delivery.status, delivery.last_status_code, delivery.last_error) == (
         "delivered",
@@ -333,7 +333,7 @@ def test_targets_a_name_rebound_to_loopback_after_saving_is_refused_at_send_time
     endpoint, _ = make_endpoint(tenant, admin, url=url)
     dns["hooks.example.com"] = ["127.0.0.1"]
 
-    delivery = services.attempt(one_delivery(tenant, endpoint).pk)
+    delivery = deliveries.attempt(one_delivery(tenant, endpoint).pk)
 
     assert loopback.requests == []
     # A failed attempt like any other: retried after the backoff, as DNS may change again.

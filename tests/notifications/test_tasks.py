@@ -1,11 +1,12 @@
-"""Tasks queued before the email tasks moved beside their functions still run: the queue finds
-a task by the dotted path stored with it, and notifications.tasks keeps the old paths."""
+"""Tasks queued before the tasks moved beside their functions still run: the queue finds a task
+by the dotted path stored with it, and notifications.tasks keeps the old paths."""
 
 from __future__ import annotations
 
 import pytest
 from django_tasks_db.models import DBTaskResult
 
+from notifications.deliveries import deliver_webhook_task
 from notifications.emails import deliver_email_task, deliver_emails_task
 from notifications.tasks import send_email_task
 
@@ -15,6 +16,7 @@ pytestmark = pytest.mark.django_db
 @pytest.mark.parametrize(
     ("old_path", "task", "args", "result"),
     [
+        ("notifications.tasks.deliver_webhook_task", deliver_webhook_task, [404], "skipped"),
         ("notifications.tasks.deliver_email_task", deliver_email_task, [404], "skipped"),
         ("notifications.tasks.deliver_emails_task", deliver_emails_task, [[404]], 0),
     ],

@@ -6,9 +6,9 @@ from __future__ import annotations
 from django.dispatch import receiver
 
 from approvals.signals import audit_event_committed
-from notifications import services
+from notifications import fan_out
 
 
 @receiver(audit_event_committed, dispatch_uid="notifications.fan_out")
 def _fan_out(sender, event, **kwargs) -> None:
-    services.fan_out(audit_event=event)
+    fan_out.fan_out(audit_event=event)

@@ -1,83 +1,21 @@
-"""Notifications: the fan-out of a committed audit event into deliveries and emails.
+"""Only for callers outside this app that still import notifications.services: delete this
+module once they import the modules below (nothing in notifications or its tests uses it).
 
-The fan-out runs when an audit event has committed (approvals.signals.audit_event_committed);
-it only writes delivery rows and enqueues tasks, so a slow receiver or SMTP server never slows a
-decision.
-
-approvals' commands (worker, rotate_keys, seed_demo) and webhook_receiver, which
-this branch may not edit, still import a few names from here: those are imported
-`as` themselves, which keeps them exported.
+approvals/management/commands/worker.py (requeue_stale), rotate_keys.py
+(rotate_webhook_secrets) and seed_demo.py (create_endpoint, WebhookURLError), and
+notifications/management/commands/webhook_receiver.py (endpoint_secret).
 """
 
 from __future__ import annotations
 
-import json
+from notifications.deliveries import requeue_stale
+from notifications.endpoints import create_endpoint, endpoint_secret, rotate_webhook_secrets
+from notifications.targets import WebhookURLError
 
-from django.db import transaction
-from django.utils import timezone
-
-from approvals import live
-from approvals.models import AuditEvent
-from notifications.attempts import wake_worker
-from notifications.deliveries import deliver_webhook_task
-from notifications.deliveries import requeue_stale as requeue_stale
-from notifications.emails import create_emails, email_for, recipients_for
-from notifications.endpoints import create_endpoint as create_endpoint
-from notifications.endpoints import endpoint_secret as endpoint_secret
-from notifications.endpoints import rotate_webhook_secrets as rotate_webhook_secrets
-from notifications.events import event_for, facts_for
-from notifications.models import (
-    Delivery,
-    DeliveryStatus,
-    WebhookEndpoint,
-)
-from notifications.targets import WebhookURLError as WebhookURLError
-
-# --- fan-out --------------------------------------------------------------------------------
-
-
-def fan_out(*, audit_event: AuditEvent) -> list[Delivery]:
-    """Turn a committed audit event into deliveries and emails.
-
-    Side effects: one Delivery row per active endpoint of the tenant that wants the event
-    (idempotent per endpoint and event) with its delivery task enqueued; one EmailDelivery row
-    per recipient (idempotent per recipient and event), its message rendered now, with its
-    email task enqueued. Nothing at all for an audit action that does not notify.
-    """
-    event = event_for(audit_event)
-    if event is None:
-        return []
-    # Filtered here, not in SQL: JSON containment differs between SQLite and PostgreSQL.
-    active = WebhookEndpoint.objects.filter(tenant_id=audit_event.tenant_id, active=True)
-    endpoints = [e for e in active if e.wants(event)]
-    facts = facts_for(audit_event, event)
-    recipients = recipients_for(facts, audit_event.tenant_id)
-    if not endpoints and not recipients:
-        return []
-    body = json.dumps(facts.payload(audit_event), separators=(",", ":"), sort_keys=True)
-    now = timezone.now()
-    created = []
-    with transaction.atomic():
-        for endpoint in endpoints:
-            delivery, new = Delivery.objects.get_or_create(
-                endpoint=endpoint,
-                audit_event_id=audit_event.pk,
-                defaults={
-                    "tenant_id": endpoint.tenant_id,
-                    "event": event,
-                    "payload": body,
-                    "next_attempt_at": now,
-                    "created_at": now,
-                    "updated_at": now,
-                },
-            )
-            if new:
-                deliver_webhook_task.enqueue(delivery.pk)
-                created.append(delivery)
-        if recipients:
-            subject, text = email_for(facts)
-            create_emails(audit_event, event, subject, text, recipients, now)
-        if created or recipients:
-            live.notify_admins_on_commit(audit_event.tenant_id, status=DeliveryStatus.PENDING)
-        wake_worker()
-    return created
+__all__ = [
+    "WebhookURLError",
+    "create_endpoint",
+    "endpoint_secret",
+    "requeue_stale",
+    "rotate_webhook_secrets",
+]

@@ -14,7 +14,7 @@ from django_tasks_db.models import DBTaskResult
 
 from approvals import audit
 from approvals.models import AuditEvent, Role, Ticket
-from notifications import attempts, deliveries, endpoints, services, signing, transport
+from notifications import attempts, deliveries, endpoints, fan_out, signing, transport
 from notifications.deliveries import deliver_webhook_task
 from notifications.models import Delivery, DeliveryStatus, Event, WebhookEndpoint
 from tests.factories import member, paused_run
@@ -35,7 +35,7 @@ def one_delivery(tenant, endpoint, action="ticket.escalated") -> Delivery:
             arguments_digest="ab" * 32,
             outcome="pending",
         )
-    services.fan_out(audit_event=event)
+    fan_out.fan_out(audit_event=event)
     return Delivery.objects.get(endpoint=endpoint, audit_event_id=event.pk)
 
 
@@ -45,7 +45,7 @@ def test_delivery_is_signed_and_verified_by_a_receiver_on_loopback(tenant, admin
     run = paused_run(tenant, requested_by=member(tenant, Role.VIEWER, username="req"))
     ticket = Ticket.objects.get(run=run)
     created = AuditEvent.objects.get(action="ticket.created", ticket=ticket)
-    services.fan_out(audit_event=created)
+    fan_out.fan_out(audit_event=created)
     delivery = Delivery.objects.get(endpoint=endpoint)
 
     result = deliver_webhook_task.call(delivery.pk)
@@ -253,7 +253,7 @@ def test_fan_out_only_for_selected_events(tenant, admin):
     with transaction.atomic():
         event = audit.append(tenant_id=tenant.pk, action="ticket.escalated", actor_name="x")
 
-    assert services.fan_out(audit_event=event) == []
+    assert fan_out.fan_out(audit_event=event) == []
     assert Delivery.objects.filter(endpoint=endpoint).count() == 0
 
 

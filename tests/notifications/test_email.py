@@ -16,8 +16,7 @@ from django_tasks_db.models import DBTaskResult
 
 from approvals import audit, services
 from approvals.models import ApproverGroup, AuditEvent, Role, Ticket
-from notifications import attempts, deliveries, emails
-from notifications import services as notifications
+from notifications import attempts, deliveries, emails, fan_out
 from notifications.emails import deliver_email_task, deliver_emails_task
 from notifications.models import EmailDelivery
 from notifications.tasks import send_email_task
@@ -217,7 +216,7 @@ def escalate(tenant, people, detail=None):
             outcome="pending",
             detail=detail,
         )
-    notifications.fan_out(audit_event=event)
+    fan_out.fan_out(audit_event=event)
     return event
 
 
@@ -246,7 +245,7 @@ def test_email_fan_out_records_one_pending_row_per_recipient_with_the_message(te
     assert rows[0].link == f"https://approvals.example.com/tickets/{event.ticket_id}/"
     assert [pk for pk, _ in email_tasks()] == sorted(r.pk for r in rows)
     # Twice for one event: no new rows, no new tasks.
-    notifications.fan_out(audit_event=event)
+    fan_out.fan_out(audit_event=event)
     assert EmailDelivery.objects.filter(audit_event_id=event.pk).count() == 3
     assert len(email_tasks()) == 3
 
@@ -267,7 +266,7 @@ def test_email_smtp_down_is_retried_with_backoff_then_failed_and_audited(tenant,
     group.members.add(people["approver2"])
     EmailDelivery.objects.all().delete()
     DBTaskResult.objects.all().delete()
-    notifications.fan_out(audit_event=event)
+    fan_out.fan_out(audit_event=event)
     email = EmailDelivery.objects.get()
     assert email.recipient == "bob@example.com"
     now = timezone.now()

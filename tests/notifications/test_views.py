@@ -9,7 +9,7 @@ from django_tasks_db.models import DBTaskResult
 
 from approvals import audit
 from approvals.models import AuditEvent, Role
-from notifications import endpoints, services
+from notifications import endpoints, fan_out
 from notifications.models import Delivery, DeliveryStatus, Event, WebhookEndpoint
 from tests.factories import TenantFactory, member
 from tests.notifications.conftest import make_endpoint
@@ -26,7 +26,7 @@ def webhooks_url(slug="acme") -> str:
 def failed_delivery(tenant, endpoint) -> Delivery:
     with transaction.atomic():
         event = audit.append(tenant_id=tenant.pk, action="run.failed", actor_name="worker")
-    services.fan_out(audit_event=event)
+    fan_out.fan_out(audit_event=event)
     delivery = Delivery.objects.get(endpoint=endpoint, audit_event_id=event.pk)
     Delivery.objects.filter(pk=delivery.pk).update(
         status=DeliveryStatus.FAILED, attempts=5, last_status_code=500, last_error="HTTP 500"
@@ -249,7 +249,7 @@ def test_delivery_log_filters_by_endpoint_and_pages(client, tenant, admin, monke
     for _ in range(3):
         with transaction.atomic():
             event = audit.append(tenant_id=tenant.pk, action="run.completed", actor_name="w")
-        services.fan_out(audit_event=event)
+        fan_out.fan_out(audit_event=event)
     client.force_login(admin)
     url = reverse("notifications:deliveries", args=["acme"])
 

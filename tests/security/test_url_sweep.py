@@ -20,8 +20,7 @@ from django.urls import get_resolver, path, resolve
 from approvals import audit
 from approvals.audit import verify_chain
 from approvals.models import Role, Run, RunStatus, Tenant, Ticket, TicketStatus
-from notifications import emails, endpoints, events
-from notifications import services as notifications
+from notifications import emails, endpoints, events, fan_out
 from notifications.models import Delivery, DeliveryStatus, EmailDelivery, Event, WebhookEndpoint
 from sessions_admin.models import StoredItem, StoredSession
 from sessions_admin.stores import sqlite_path
@@ -98,7 +97,7 @@ def webhook_for(tenant: Tenant, admin, url: str) -> tuple[WebhookEndpoint, Deliv
     )
     with transaction.atomic():
         event = audit.append(tenant_id=tenant.pk, action="run.failed", actor_name="worker")
-    notifications.fan_out(audit_event=event)
+    fan_out.fan_out(audit_event=event)
     delivery = Delivery.objects.get(endpoint=endpoint)
     Delivery.objects.filter(pk=delivery.pk).update(status=DeliveryStatus.FAILED, attempts=5)
     return endpoint, delivery

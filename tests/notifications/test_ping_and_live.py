@@ -13,7 +13,7 @@ from django.urls import reverse
 
 from approvals import audit, consumers, live
 from approvals.models import AuditEvent, Role
-from notifications import deliveries, emails, transport
+from notifications import deliveries, emails
 from notifications.models import Delivery, DeliveryStatus, Event
 from tests.approvals.test_consumers import ORIGIN, session_cookie, socket
 from tests.factories import TenantFactory, member
@@ -238,15 +238,3 @@ def test_ping_is_refused_by_the_guard_and_reaches_nobody(client, tenant, admin, 
     assert "failed: refused: 127.0.0.1 is a loopback address" in page
     assert receiver.received == []
     assert AuditEvent.objects.get(action="webhook.pinged").outcome == DeliveryStatus.FAILED
-
-
-def test_post_ignores_proxies_from_the_environment(receiver, monkeypatch):
-    for name in ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "all_proxy"):
-        monkeypatch.setenv(name, "http://127.0.0.1:9")  # nothing listens there
-    monkeypatch.delenv("no_proxy", raising=False)
-    monkeypatch.delenv("NO_PROXY", raising=False)
-
-    outcome = transport.post(receiver.url, b"{}", {})
-
-    assert (outcome.ok, outcome.status_code) == (False, 401)  # the receiver itself answered
-    assert len(receiver.received) == 1

@@ -26,7 +26,7 @@ from approvals.models import AuditEvent
 from notifications import deliveries, targets, transport
 from notifications.models import WebhookEndpoint
 from tests.notifications.conftest import make_endpoint
-from tests.notifications.test_delivery import one_delivery
+from tests.notifications.test_deliveries import one_delivery
 
 pytestmark = pytest.mark.django_db
 

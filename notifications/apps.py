@@ -8,4 +8,5 @@ class NotificationsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        # Here, not at the top: receivers imports models, which need the app registry ready.
         from notifications import receivers  # noqa: F401

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 from django import forms
 
-from notifications.models import Event
-from notifications.services import WebhookURLError, check_url
+from notifications.models import DeliveryStatus, Event
+from notifications.targets import WebhookURLError, check_url
 
 
 class EndpointForm(forms.Form):
@@ -44,8 +44,6 @@ class DeliveryFilterForm(forms.Form):
         return value
 
     def clean_status(self) -> str:
-        from notifications.models import DeliveryStatus
-
         value = self.cleaned_data["status"]
         if value and value not in DeliveryStatus.values:
             raise forms.ValidationError("Choose pending, delivered or failed.")
@@ -57,8 +55,6 @@ class EmailFilterForm(forms.Form):
     after = forms.CharField(required=False, max_length=200)
 
     def clean_status(self) -> str:
-        from notifications.models import DeliveryStatus
-
         value = self.cleaned_data["status"]
         if value and value not in DeliveryStatus.values:
             raise forms.ValidationError("Choose pending, delivered or failed.")

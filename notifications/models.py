@@ -63,7 +63,7 @@ class DeliveryStatus(models.TextChoices):
 
 class Attempted(models.Model):
     """What a delivery and an email share: what they tell about, and how their attempts went
-    (notifications.services claims, settles and reopens them the same way)."""
+    (notifications.attempts claims, settles and reopens them the same way)."""
 
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
     # The audit event it tells about; no constraint, like the audit log's own links.

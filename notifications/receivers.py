@@ -1,14 +1,35 @@
-"""The one way in: a committed audit event may notify someone. Cheap and never raising into
-the caller (audit sends the signal robustly and logs a failure)."""
+"""What notifications hears from approvals (approvals.signals), connected in AppConfig.ready.
+
+A committed audit event may notify someone: cheap and never raising into the caller (audit
+sends the signal robustly and logs a failure). The worker's housekeeping gives lost deliveries
+their task again, and a key rotation re-seals the webhook secrets.
+"""
 
 from __future__ import annotations
 
 from django.dispatch import receiver
 
-from approvals.signals import audit_event_committed
-from notifications import services
+from approvals.signals import (
+    Rotation,
+    audit_event_committed,
+    secrets_rotating,
+    worker_housekeeping,
+)
+from notifications import deliveries, endpoints, fan_out
 
 
 @receiver(audit_event_committed, dispatch_uid="notifications.fan_out")
 def _fan_out(sender, event, **kwargs) -> None:
-    services.fan_out(audit_event=event)
+    fan_out.fan_out(audit_event=event)
+
+
+@receiver(worker_housekeeping, dispatch_uid="notifications.requeue_stale")
+def _requeue_stale(sender, **kwargs) -> str:
+    lost = deliveries.requeue_stale()
+    return f"re-enqueued {lost} webhook and email deliveries" if lost else ""
+
+
+@receiver(secrets_rotating, dispatch_uid="notifications.rotate_webhook_secrets")
+def _rotate_webhook_secrets(sender, **kwargs) -> Rotation:
+    counts = endpoints.rotate_webhook_secrets()
+    return Rotation("webhook secrets", counts["rotated"], counts["failed"])

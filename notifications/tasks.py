@@ -1,37 +1,23 @@
-"""Background tasks: thin wrappers that take primitive ids and call a service."""
+"""The queue's old addresses of the notifications' tasks: nothing in the code imports this.
+
+A queued task is stored with its dotted path and found again by it when a worker runs it. The
+tasks now live beside the function each one calls (deliveries, emails), so the tasks already
+queued under notifications.tasks.* before that move still need these names: the three below
+are the same tasks under their old paths, and send_email_task, which only ever runs tasks
+queued by an older version, stays defined here.
+"""
 
 from __future__ import annotations
 
 from django_tasks import task
 
+from notifications.deliveries import deliver_webhook_task
+from notifications.emails import deliver_email_task, deliver_emails_task, send_email
 
-@task()
-def deliver_webhook_task(delivery_id: int) -> str:
-    from notifications import services
-
-    delivery = services.attempt(delivery_id)
-    return delivery.status if delivery else "skipped"
-
-
-@task()
-def deliver_email_task(email_id: int) -> str:
-    from notifications import services
-
-    email = services.attempt_email(email_id)
-    return email.status if email else "skipped"
-
-
-@task()
-def deliver_emails_task(email_ids: list[int]) -> int:
-    """The emails of one event, sent over one SMTP connection; retries go one by one."""
-    from notifications import services
-
-    return len(services.attempt_emails(email_ids))
+__all__ = ["deliver_email_task", "deliver_emails_task", "deliver_webhook_task", "send_email_task"]
 
 
 @task()
 def send_email_task(audit_event_id: int, recipients: list[str]) -> int:
     """Kept for tasks queued before each email had a row: it only writes those rows."""
-    from notifications import services
-
-    return services.send_email(audit_event_id=audit_event_id, recipients=recipients)
+    return send_email(audit_event_id=audit_event_id, recipients=recipients)

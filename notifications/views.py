@@ -15,7 +15,8 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from approvals.core.pagination import BadCursor, after_descending
 from approvals.models import Membership, Role, Tenant
-from notifications import services
+from notifications import deliveries, emails, endpoints
+from notifications.attempts import NotRetryable
 from notifications.forms import DeliveryFilterForm, EmailFilterForm, EndpointForm
 from notifications.models import Delivery, DeliveryStatus, EmailDelivery, WebhookEndpoint
 
@@ -83,7 +84,7 @@ def endpoint_list(request: HttpRequest, tenant: str) -> HttpResponse:
     if request.method == "POST":
         form = EndpointForm(request.POST)
         if form.is_valid():
-            endpoint, secret = services.create_endpoint(
+            endpoint, secret = endpoints.create_endpoint(
                 tenant=tenant_row, user=request.user, **form.cleaned_data
             )
             # Shown in this response only: the secret is stored sealed and never shown again.
@@ -104,7 +105,7 @@ def endpoint_edit(request: HttpRequest, tenant: str, endpoint: int) -> HttpRespo
     if request.method == "POST":
         form = EndpointForm(request.POST, saved_url=row.url)
         if form.is_valid():
-            services.update_endpoint(row, user=request.user, **form.cleaned_data)
+            endpoints.update_endpoint(row, user=request.user, **form.cleaned_data)
             messages.success(request, "Webhook saved.")
             return redirect("notifications:webhooks", tenant=tenant)
         status = 400
@@ -125,7 +126,7 @@ def endpoint_edit(request: HttpRequest, tenant: str, endpoint: int) -> HttpRespo
 @require_POST
 def endpoint_delete(request: HttpRequest, tenant: str, endpoint: int) -> HttpResponse:
     row = _get_endpoint_for_admin(request, tenant, endpoint)
-    services.delete_endpoint(row, user=request.user)
+    endpoints.delete_endpoint(row, user=request.user)
     messages.success(request, "Webhook deleted with its delivery log.")
     return redirect("notifications:webhooks", tenant=tenant)
 
@@ -134,7 +135,7 @@ def endpoint_delete(request: HttpRequest, tenant: str, endpoint: int) -> HttpRes
 @require_POST
 def endpoint_ping(request: HttpRequest, tenant: str, endpoint: int) -> HttpResponse:
     row = _get_endpoint_for_admin(request, tenant, endpoint)
-    outcome = services.ping(row, user=request.user)
+    outcome = deliveries.ping(row, user=request.user)
     took = f"in {outcome.duration_ms} ms"
     if outcome.ok:
         messages.success(
@@ -178,8 +179,8 @@ def delivery_log(request: HttpRequest, tenant: str) -> HttpResponse:
 def delivery_retry(request: HttpRequest, tenant: str, delivery: int) -> HttpResponse:
     row = _get_delivery_for_admin(request, tenant, delivery)
     try:
-        services.retry(row, user=request.user)
-    except services.NotRetryable as error:
+        deliveries.retry(row, user=request.user)
+    except NotRetryable as error:
         messages.error(request, f"Delivery {row.pk} was not retried: {error}.")
     else:
         messages.success(request, f"Delivery {row.pk} will be sent again.")
@@ -241,8 +242,8 @@ def email_retry(request: HttpRequest, tenant: str, email: int) -> HttpResponse:
     if row is None:
         raise Http404("No such email.")
     try:
-        services.retry_email(row, user=request.user)
-    except services.NotRetryable as error:
+        emails.retry_email(row, user=request.user)
+    except NotRetryable as error:
         messages.error(request, f"Email {row.pk} was not retried: {error}.")
     else:
         messages.success(request, f"Email {row.pk} will be sent again.")

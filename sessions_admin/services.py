@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from django.db import transaction
 
-from approvals.audit import chain as audit
+from approvals.audit import chain
 from approvals.models import Tenant
 from sessions_admin.stores import Filters, SessionInfo, StoreUnavailable, get_store, list_sessions
 
@@ -25,7 +25,7 @@ def clear_session(
     store = get_store(store_name)
     count = store.clear(tenant, session_id)
     with transaction.atomic():
-        audit.append(
+        chain.append(
             tenant_id=tenant.pk,
             action="session.cleared",
             actor=actor,

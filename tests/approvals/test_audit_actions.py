@@ -49,6 +49,14 @@ def test_every_appended_action_is_in_the_table():
     assert {a: where for a, where in appended.items() if a not in actions.ACTIONS} == {}
 
 
+def test_every_notification_event_of_the_table_is_one_notifications_send():
+    from notifications.models import Event
+
+    notify = {a.notify for a in actions.ACTIONS.values() if a.notify}
+
+    assert notify == set(Event.values)
+
+
 def test_every_action_has_a_label_and_a_live_kind():
     assert all(a.label and a.live for a in actions.ACTIONS.values())
     assert actions.label("ticket.approved") == "Approved"

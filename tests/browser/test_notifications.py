@@ -10,7 +10,7 @@ from django.db import connection, transaction
 
 from approvals.audit import chain as audit
 from approvals.models import AuditEvent
-from notifications import services
+from notifications import deliveries
 from notifications.models import Delivery, DeliveryStatus
 from tests.browser.conftest import chromium_skip_reason, new_page, screenshot
 from tests.browser.test_console import (
@@ -74,7 +74,7 @@ def test_delivery_log_is_live_and_a_test_event_reports_the_answer(
         delivery = _in_thread(lambda: _fail_a_run(tenant))
         row = page.locator(f'#deliveries tr[data-delivery="{delivery.pk}"]')
         expect(row).to_have_attribute("data-status", "pending")
-        _in_thread(lambda: services.attempt(delivery.pk))
+        _in_thread(lambda: deliveries.attempt(delivery.pk))
         expect(row).to_have_attribute("data-status", "delivered")
         expect(row).to_contain_text("HTTP 204")
         _assert_not_reloaded(page)

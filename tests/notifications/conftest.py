@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from approvals.models import Role, Tenant
-from notifications import services
+from notifications import endpoints
 from notifications.models import Event, WebhookEndpoint
 from tests.factories import TenantFactory, member
 
@@ -21,7 +21,7 @@ def admin(tenant):
 def make_endpoint(
     tenant: Tenant, admin, url: str = "http://127.0.0.1:9/hook", events=None, active=True
 ) -> tuple[WebhookEndpoint, str]:
-    return services.create_endpoint(
+    return endpoints.create_endpoint(
         tenant=tenant,
         user=admin,
         url=url,

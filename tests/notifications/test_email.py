@@ -18,17 +18,18 @@ from approvals.audit import chain as audit
 from approvals.decisions.decide import decide
 from approvals.models import ApproverGroup, AuditEvent, Role, Ticket
 from approvals.runs.reaper import reap
-from notifications import services as notifications
+from notifications import attempts, deliveries, emails, fan_out
+from notifications.emails import deliver_email_task, deliver_emails_task
 from notifications.models import EmailDelivery
-from notifications.tasks import deliver_email_task, deliver_emails_task, send_email_task
+from notifications.tasks import send_email_task
 from tests.factories import member, paused_run
 from tests.notifications.mail_backends import RefusingBackend
 
 pytestmark = pytest.mark.django_db
 
-EMAIL_TASK = "notifications.tasks.deliver_email_task"
+EMAIL_TASK = "notifications.emails.deliver_email_task"
 # The emails of one event go out together; a retry goes alone.
-BATCH_TASK = "notifications.tasks.deliver_emails_task"
+BATCH_TASK = "notifications.emails.deliver_emails_task"
 
 
 @pytest.fixture(autouse=True)
@@ -217,7 +218,7 @@ def escalate(tenant, people, detail=None):
             outcome="pending",
             detail=detail,
         )
-    notifications.fan_out(audit_event=event)
+    fan_out.fan_out(audit_event=event)
     return event
 
 
@@ -246,7 +247,7 @@ def test_email_fan_out_records_one_pending_row_per_recipient_with_the_message(te
     assert rows[0].link == f"https://approvals.example.com/tickets/{event.ticket_id}/"
     assert [pk for pk, _ in email_tasks()] == sorted(r.pk for r in rows)
     # Twice for one event: no new rows, no new tasks.
-    notifications.fan_out(audit_event=event)
+    fan_out.fan_out(audit_event=event)
     assert EmailDelivery.objects.filter(audit_event_id=event.pk).count() == 3
     assert len(email_tasks()) == 3
 
@@ -267,17 +268,17 @@ def test_email_smtp_down_is_retried_with_backoff_then_failed_and_audited(tenant,
     group.members.add(people["approver2"])
     EmailDelivery.objects.all().delete()
     DBTaskResult.objects.all().delete()
-    notifications.fan_out(audit_event=event)
+    fan_out.fan_out(audit_event=event)
     email = EmailDelivery.objects.get()
     assert email.recipient == "bob@example.com"
     now = timezone.now()
     waits = []
 
-    for attempt in range(1, notifications.MAX_ATTEMPTS + 1):
+    for attempt in range(1, attempts.MAX_ATTEMPTS + 1):
         if attempt > 1:
             # Too early: nothing is sent before the next attempt's time.
-            assert notifications.attempt_email(email.pk, now=now - timedelta(seconds=2)) is None
-        email = notifications.attempt_email(email.pk, now=now)
+            assert emails.attempt_email(email.pk, now=now - timedelta(seconds=2)) is None
+        email = emails.attempt_email(email.pk, now=now)
         assert email.attempts == attempt
         if attempt == 1:
             assert (email.status, email.next_attempt_at) == ("pending", now + timedelta(seconds=10))
@@ -287,11 +288,11 @@ def test_email_smtp_down_is_retried_with_backoff_then_failed_and_audited(tenant,
             waits.append(email.next_attempt_at - now)
             now = email.next_attempt_at
 
-    assert waits == notifications.BACKOFF
+    assert waits == attempts.BACKOFF
     assert (email.status, email.next_attempt_at) == ("failed", None)
     assert mail.outbox == []
     # One task per attempt: the fan-out's, then four scheduled after their backoff.
-    assert len(email_tasks()) == notifications.MAX_ATTEMPTS
+    assert len(email_tasks()) == attempts.MAX_ATTEMPTS
     failed = AuditEvent.objects.get(action="email.failed")
     assert (failed.outcome, failed.actor_name) == ("failed", "notifications")
     assert failed.detail == {
@@ -304,7 +305,7 @@ def test_email_smtp_down_is_retried_with_backoff_then_failed_and_audited(tenant,
     }
     # The audit event notifies no one, and a failed email is never sent again by itself.
     assert EmailDelivery.objects.count() == 1
-    assert notifications.attempt_email(email.pk, now=now + timedelta(days=1)) is None
+    assert emails.attempt_email(email.pk, now=now + timedelta(days=1)) is None
     smtp.down = False
     assert deliver_email_task.call(email.pk) == "skipped"
     assert mail.outbox == []
@@ -329,7 +330,7 @@ def test_email_a_refused_recipient_is_retried_alone_with_the_same_message(tenant
     assert email_tasks() == [(bob.pk, bob.next_attempt_at)]
 
     smtp.refused.clear()
-    notifications.attempt_email(bob.pk, now=bob.next_attempt_at)
+    emails.attempt_email(bob.pk, now=bob.next_attempt_at)
 
     bob.refresh_from_db()
     assert (bob.status, bob.attempts, bob.last_error) == ("delivered", 2, "")
@@ -351,9 +352,9 @@ def test_email_retry_puts_a_failed_email_back_once_and_audits(tenant, people, sm
     DBTaskResult.objects.all().delete()
     email.refresh_from_db()
 
-    notifications.retry_email(email, user=people["admin"])
-    with pytest.raises(notifications.NotRetryable):
-        notifications.retry_email(email, user=people["admin"])
+    emails.retry_email(email, user=people["admin"])
+    with pytest.raises(attempts.NotRetryable):
+        emails.retry_email(email, user=people["admin"])
 
     email.refresh_from_db()
     assert (email.status, email.attempts) == ("pending", 0)
@@ -375,8 +376,8 @@ def test_email_requeue_stale_gives_a_lost_email_its_task_once(tenant, people):
     now = timezone.now()
     EmailDelivery.objects.filter(pk=lost.pk).update(next_attempt_at=now - timedelta(minutes=3))
 
-    assert notifications.requeue_stale(now=now) == 1
-    assert notifications.requeue_stale(now=now + timedelta(seconds=10)) == 0
+    assert deliveries.requeue_stale(now=now) == 1
+    assert deliveries.requeue_stale(now=now + timedelta(seconds=10)) == 0
 
     assert [pk for pk, _ in email_tasks()] == [lost.pk]
     assert deliver_email_task.call(lost.pk) == "delivered"
@@ -419,7 +420,7 @@ def test_email_any_backend_error_is_a_short_masked_failed_attempt(
         raise error
 
     monkeypatch.setattr(EmailMessage, "send", broken)
-    email = notifications.attempt_email(email.pk)
+    email = emails.attempt_email(email.pk)
 
     assert (email.status, email.attempts) == ("pending", 1)
     assert email.last_error == (
@@ -480,12 +481,12 @@ def test_email_a_stale_attempt_never_overwrites_a_newer_outcome(tenant, people, 
     escalate(tenant, people)
     email = EmailDelivery.objects.get(recipient="ann@example.com")
     start = timezone.now()
-    stale = notifications._claim(EmailDelivery.objects, email.pk, start)
+    stale = attempts.claim(EmailDelivery.objects, email.pk, start)
     # The reaper gives the row a new task after IN_FLIGHT and STALE; that attempt delivers.
-    later = start + notifications.IN_FLIGHT + notifications.STALE + timedelta(seconds=1)
-    assert notifications.attempt_email(email.pk, now=later).status == "delivered"
+    later = start + attempts.IN_FLIGHT + deliveries.STALE + timedelta(seconds=1)
+    assert emails.attempt_email(email.pk, now=later).status == "delivered"
 
-    kept = notifications._record_email(stale, "TimeoutError: timed out", start)
+    kept = emails._record_email(stale, "TimeoutError: timed out", start)
 
     email.refresh_from_db()
     assert (kept.status, email.status, email.attempts) == ("delivered", "delivered", 2)

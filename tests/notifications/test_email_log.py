@@ -13,13 +13,13 @@ from django_tasks_db.models import DBTaskResult
 
 from approvals.audit import chain as audit
 from approvals.models import AuditEvent, Role
-from notifications import services
+from notifications import emails, events
 from notifications.models import DeliveryStatus, EmailDelivery
 from tests.factories import TenantFactory, member
 
 pytestmark = pytest.mark.django_db
 
-EMAIL_TASK = "notifications.tasks.deliver_email_task"
+EMAIL_TASK = "notifications.emails.deliver_email_task"
 
 
 def log_url(slug="acme") -> str:
@@ -34,8 +34,8 @@ def email_row(tenant, to="ann@example.com", **fields) -> EmailDelivery:
     """A recorded email about a run.failed event, as fan_out writes it, then changed by fields."""
     with transaction.atomic():
         event = audit.append(tenant_id=tenant.pk, action="run.failed", actor_name="worker")
-    facts = services.facts_for(event, "run.failed")
-    subject, body = services.email_for(facts)
+    facts = events.facts_for(event, "run.failed")
+    subject, body = emails.email_for(facts)
     now = timezone.now()
     values = {"next_attempt_at": now, "created_at": now, "updated_at": now, **fields}
     return EmailDelivery.objects.create(

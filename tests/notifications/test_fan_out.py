@@ -13,7 +13,7 @@ from approvals.audit import chain as audit
 from approvals.decisions.decide import decide
 from approvals.models import AuditEvent, Role, Ticket
 from approvals.runs.reaper import reap
-from notifications import services as notifications
+from notifications import fan_out
 from notifications.events import event_for
 from notifications.models import Delivery, DeliveryStatus, Event
 from tests.factories import TenantFactory, member, paused_run
@@ -21,7 +21,7 @@ from tests.notifications.conftest import make_endpoint
 
 pytestmark = pytest.mark.django_db
 
-DELIVER_TASK = "notifications.tasks.deliver_webhook_task"
+DELIVER_TASK = "notifications.deliveries.deliver_webhook_task"
 
 
 def deliveries(endpoint) -> list[tuple[str, str]]:
@@ -148,7 +148,7 @@ def test_fan_out_a_failing_receiver_never_breaks_the_decision(
     def broken(**kwargs):
         raise RuntimeError("notification store down")
 
-    monkeypatch.setattr(notifications, "fan_out", broken)
+    monkeypatch.setattr(fan_out, "fan_out", broken)
     with django_capture_on_commit_callbacks(execute=True):
         ticket = decide(
             Ticket.objects.get(run=run), user=member(tenant, Role.APPROVER), approve=True
@@ -163,8 +163,8 @@ def test_fan_out_twice_for_one_event_delivers_once(tenant, admin):
     with transaction.atomic():
         event = audit.append(tenant_id=tenant.pk, action="ticket.escalated", actor_name="policy")
 
-    notifications.fan_out(audit_event=event)
-    notifications.fan_out(audit_event=event)
+    fan_out.fan_out(audit_event=event)
+    fan_out.fan_out(audit_event=event)
 
     assert deliveries(endpoint) == [("ticket.escalated", "ticket.escalated")]
     assert DBTaskResult.objects.filter(task_path=DELIVER_TASK).count() == 1

@@ -15,7 +15,7 @@ from approvals.audit import chain as audit
 from approvals.live import hints as live
 from approvals.live import tail
 from approvals.models import AuditEvent, Role
-from notifications import services
+from notifications import deliveries, emails
 from notifications.models import Delivery, DeliveryStatus, Event
 from tests.approvals.test_consumers import ORIGIN, session_cookie, socket
 from tests.factories import TenantFactory, member
@@ -138,7 +138,7 @@ def test_delivery_changes_hint_the_tenants_admins_only(
     delivery = failed_delivery(tenant, endpoint)  # fan-out, then marked failed by hand
 
     with django_capture_on_commit_callbacks(execute=True):
-        services.retry(delivery, user=admin)
+        deliveries.retry(delivery, user=admin)
         assert sent == []  # nothing before the commit
 
     assert sent == [
@@ -187,7 +187,7 @@ def test_consumer_tells_admins_of_a_delivery_change_and_approvers_nothing(settin
         )
         assert (await admin_socket.connect())[0] and (await approver_socket.connect())[0]
         try:
-            await database_sync_to_async(services.retry)(delivery, user=admin)
+            await database_sync_to_async(deliveries.retry)(delivery, user=admin)
             hint = await admin_socket.receive_from(timeout=5)
             quiet = await approver_socket.receive_nothing(timeout=0.5)
             return hint, quiet
@@ -214,7 +214,7 @@ def test_email_log_live_reread_and_email_hints_go_to_admins(
 
     rows = client.get(url, headers={"HX-Request": "true", "HX-Target": "email-rows"})
     with django_capture_on_commit_callbacks(execute=True):
-        services.retry_email(email, user=admin)
+        emails.retry_email(email, user=admin)
 
     assert rows.status_code == 200
     assert rows.content.decode().lstrip().startswith('<div id="email-rows"')
@@ -240,15 +240,3 @@ def test_ping_is_refused_by_the_guard_and_reaches_nobody(client, tenant, admin, 
     assert "failed: refused: 127.0.0.1 is a loopback address" in page
     assert receiver.received == []
     assert AuditEvent.objects.get(action="webhook.pinged").outcome == DeliveryStatus.FAILED
-
-
-def test_post_ignores_proxies_from_the_environment(receiver, monkeypatch):
-    for name in ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "all_proxy"):
-        monkeypatch.setenv(name, "http://127.0.0.1:9")  # nothing listens there
-    monkeypatch.delenv("no_proxy", raising=False)
-    monkeypatch.delenv("NO_PROXY", raising=False)
-
-    outcome = services.post(receiver.url, b"{}", {})
-
-    assert (outcome.ok, outcome.status_code) == (False, 401)  # the receiver itself answered
-    assert len(receiver.received) == 1

@@ -2,7 +2,7 @@
 refused at save time and at send time (NOTIFICATIONS_ALLOW_PRIVATE_WEBHOOKS off), and a request
 goes to the address that was checked, never to a second lookup of the name.
 
-No test reaches real DNS: services._resolve (the one lookup) is replaced, and socket.getaddrinfo
+No test reaches real DNS: targets._resolve (the one lookup) is replaced, and socket.getaddrinfo
 is watched so that a lookup of a name anywhere else fails the test.
 """
 
@@ -23,10 +23,10 @@ from cryptography.x509.oid import NameOID
 from django.urls import reverse
 
 from approvals.models import AuditEvent
-from notifications import services
+from notifications import deliveries, targets, transport
 from notifications.models import WebhookEndpoint
 from tests.notifications.conftest import make_endpoint
-from tests.notifications.test_delivery import one_delivery
+from tests.notifications.test_deliveries import one_delivery
 
 pytestmark = pytest.mark.django_db
 
@@ -40,7 +40,7 @@ def refuse_private(settings):
 
 class FakeDNS:
     """A resolver table, name -> addresses (an unknown name does not resolve), and the names
-    socket.getaddrinfo was asked for: only services._resolve, replaced, may look a name up."""
+    socket.getaddrinfo was asked for: only targets._resolve, replaced, may look a name up."""
 
     def __init__(self) -> None:
         self.names: dict[str, list[str]] = {}
@@ -71,7 +71,7 @@ def dns(monkeypatch) -> FakeDNS:
             raise socket.gaierror(socket.EAI_NONAME, f"no real DNS in tests: {host}") from None
         return real_getaddrinfo(host, *args, **kwargs)
 
-    monkeypatch.setattr(services, "_resolve", resolve)
+    monkeypatch.setattr(targets, "_resolve", resolve)
     monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
     return fake
 
@@ -158,7 +158,7 @@ def loopback():
     ],
 )
 def test_targets_blocked_reason(address, reason):
-    assert services.blocked_reason(ipaddress.ip_address(address)) == reason
+    assert targets.blocked_reason(ipaddress.ip_address(address)) == reason
 
 
 # --- at save time -----------------------------------------------------------------------------
@@ -211,8 +211,8 @@ def test_targets_check_url_refuses_non_public_hosts(refuse_private, dns, url, me
     dns["mixed.example.com"] = [PUBLIC, "127.0.0.1"]
     dns["2130706433"] = ["127.0.0.1"]
 
-    with pytest.raises(services.WebhookURLError) as refused:
-        services.check_url(url)
+    with pytest.raises(targets.WebhookURLError) as refused:
+        targets.check_url(url)
 
     assert str(refused.value) == message
 
@@ -220,16 +220,16 @@ def test_targets_check_url_refuses_non_public_hosts(refuse_private, dns, url, me
 def test_targets_check_url_accepts_a_public_address_and_a_public_name(refuse_private, dns):
     dns["hooks.example.com"] = [PUBLIC, "2606:4700:4700::1111"]
 
-    assert services.check_url(f"https://{PUBLIC}/hook") == f"https://{PUBLIC}/hook"
-    assert services.check_url("https://hooks.example.com/x") == "https://hooks.example.com/x"
+    assert targets.check_url(f"https://{PUBLIC}/hook") == f"https://{PUBLIC}/hook"
+    assert targets.check_url("https://hooks.example.com/x") == "https://hooks.example.com/x"
 
 
 def test_targets_check_url_allowing_private_looks_nothing_up(settings, dns):
     settings.NOTIFICATIONS_ALLOW_PRIVATE_WEBHOOKS = True
 
-    assert services.check_url("http://127.0.0.1:8025/") == "http://127.0.0.1:8025/"
+    assert targets.check_url("http://127.0.0.1:8025/") == "http://127.0.0.1:8025/"
     # Not even a name that does not resolve: development may name hosts of its own.
-    assert services.check_url("https://nowhere.example.com/") == "https://nowhere.example.com/"
+    assert targets.check_url("https://nowhere.example.com/") == "https://nowhere.example.com/"
     assert dns.resolved == [] and dns.looked_up == []
 
 
@@ -296,7 +296,7 @@ def test_targets_a_webhook_the_guard_now_refuses_can_still_be_switched_off(
 
 
 def test_targets_create_endpoint_refuses_without_a_row(tenant, admin, refuse_private, dns):
-    with pytest.raises(services.WebhookURLError, match="is a private address"):
+    with pytest.raises(targets.WebhookURLError, match="is a private address"):
         make_endpoint(tenant, admin, url="http://10.0.0.1/hook")
 
     assert WebhookEndpoint.objects.count() == 0
@@ -314,7 +314,7 @@ def test_targets_the_connection_goes_to_the_resolved_address_with_the_name_as_ho
     url = f"http://hooks.example.test:{loopback.port}/hook"
     endpoint, _ = make_endpoint(tenant, admin, url=url)
 
-    delivery = services.attempt(one_delivery(tenant, endpoint).pk)
+    delivery = deliveries.attempt(one_delivery(tenant, endpoint).pk)
 
     assert (delivery.status, delivery.last_status_code, delivery.last_error) == (
         "delivered",
@@ -333,7 +333,7 @@ def test_targets_a_name_rebound_to_loopback_after_saving_is_refused_at_send_time
     endpoint, _ = make_endpoint(tenant, admin, url=url)
     dns["hooks.example.com"] = ["127.0.0.1"]
 
-    delivery = services.attempt(one_delivery(tenant, endpoint).pk)
+    delivery = deliveries.attempt(one_delivery(tenant, endpoint).pk)
 
     assert loopback.requests == []
     # A failed attempt like any other: retried after the backoff, as DNS may change again.
@@ -343,7 +343,7 @@ def test_targets_a_name_rebound_to_loopback_after_saving_is_refused_at_send_time
 
 
 def test_targets_post_refuses_a_loopback_address_in_a_stored_url(refuse_private, dns, loopback):
-    outcome = services.post(f"http://127.0.0.1:{loopback.port}/hook", b"{}", {})
+    outcome = transport.post(f"http://127.0.0.1:{loopback.port}/hook", b"{}", {})
 
     assert (outcome.ok, outcome.status_code, outcome.error) == (
         False,
@@ -356,14 +356,14 @@ def test_targets_post_refuses_a_loopback_address_in_a_stored_url(refuse_private,
 def test_targets_post_refuses_when_any_address_is_private(refuse_private, dns, loopback):
     dns["hooks.example.com"] = [PUBLIC, "127.0.0.1"]
 
-    outcome = services.post(f"http://hooks.example.com:{loopback.port}/hook", b"{}", {})
+    outcome = transport.post(f"http://hooks.example.com:{loopback.port}/hook", b"{}", {})
 
     assert outcome.error == "refused: hooks.example.com resolves to a loopback address"
     assert loopback.requests == []
 
 
 def test_targets_post_a_name_that_does_not_resolve_cannot_connect(dns):
-    outcome = services.post("https://nowhere.example.com/hook", b"{}", {})
+    outcome = transport.post("https://nowhere.example.com/hook", b"{}", {})
 
     assert (outcome.ok, outcome.status_code) == (False, None)
     assert outcome.error == (
@@ -411,7 +411,7 @@ def tls_loopback(tmp_path, monkeypatch):
     server_context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     server_context.load_cert_chain(cert_file, key_file)
     monkeypatch.setattr(
-        services, "_tls_context", lambda: ssl.create_default_context(cafile=cert_file)
+        transport, "_tls_context", lambda: ssl.create_default_context(cafile=cert_file)
     )
     server, thread, hits = _serve(server_context)
     hits.port = server.server_address[1]
@@ -424,7 +424,7 @@ def tls_loopback(tmp_path, monkeypatch):
 def test_targets_https_is_pinned_and_sends_the_name_for_sni_and_the_certificate(dns, tls_loopback):
     dns["hooks.example.test"] = ["127.0.0.1"]
 
-    outcome = services.post(f"https://hooks.example.test:{tls_loopback.port}/hook", b"{}", {})
+    outcome = transport.post(f"https://hooks.example.test:{tls_loopback.port}/hook", b"{}", {})
 
     assert (outcome.ok, outcome.status_code, outcome.error) == (True, 204, "")
     assert tls_loopback.sni == ["hooks.example.test"]
@@ -436,7 +436,7 @@ def test_targets_https_certificate_is_checked_against_the_name_not_the_address(d
     # Same address, same certificate, another name: the certificate does not name it.
     dns["other.example.test"] = ["127.0.0.1"]
 
-    outcome = services.post(f"https://other.example.test:{tls_loopback.port}/hook", b"{}", {})
+    outcome = transport.post(f"https://other.example.test:{tls_loopback.port}/hook", b"{}", {})
 
     assert (outcome.ok, outcome.status_code) == (False, None)
     assert "certificate verify failed" in outcome.error

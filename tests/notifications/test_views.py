@@ -9,14 +9,14 @@ from django_tasks_db.models import DBTaskResult
 
 from approvals.audit import chain as audit
 from approvals.models import AuditEvent, Role
-from notifications import services
+from notifications import endpoints, fan_out
 from notifications.models import Delivery, DeliveryStatus, Event, WebhookEndpoint
 from tests.factories import TenantFactory, member
 from tests.notifications.conftest import make_endpoint
 
 pytestmark = pytest.mark.django_db
 
-DELIVER_TASK = "notifications.tasks.deliver_webhook_task"
+DELIVER_TASK = "notifications.deliveries.deliver_webhook_task"
 
 
 def webhooks_url(slug="acme") -> str:
@@ -26,7 +26,7 @@ def webhooks_url(slug="acme") -> str:
 def failed_delivery(tenant, endpoint) -> Delivery:
     with transaction.atomic():
         event = audit.append(tenant_id=tenant.pk, action="run.failed", actor_name="worker")
-    services.fan_out(audit_event=event)
+    fan_out.fan_out(audit_event=event)
     delivery = Delivery.objects.get(endpoint=endpoint, audit_event_id=event.pk)
     Delivery.objects.filter(pk=delivery.pk).update(
         status=DeliveryStatus.FAILED, attempts=5, last_status_code=500, last_error="HTTP 500"
@@ -49,7 +49,7 @@ def test_webhooks_create_shows_the_secret_once_and_never_again(client, tenant, a
     )
 
     endpoint = WebhookEndpoint.objects.get()
-    secret = services.endpoint_secret(endpoint)
+    secret = endpoints.endpoint_secret(endpoint)
     page = response.content.decode()
     assert response.status_code == 201
     assert secret in page
@@ -180,7 +180,7 @@ def test_webhook_edit_changes_events_and_active_and_keeps_the_secret(client, ten
         ["run.completed"],
         False,
     )
-    assert services.endpoint_secret(endpoint) == secret
+    assert endpoints.endpoint_secret(endpoint) == secret
     assert AuditEvent.objects.filter(action="webhook.changed").count() == 1
 
 
@@ -249,7 +249,7 @@ def test_delivery_log_filters_by_endpoint_and_pages(client, tenant, admin, monke
     for _ in range(3):
         with transaction.atomic():
             event = audit.append(tenant_id=tenant.pk, action="run.completed", actor_name="w")
-        services.fan_out(audit_event=event)
+        fan_out.fan_out(audit_event=event)
     client.force_login(admin)
     url = reverse("notifications:deliveries", args=["acme"])
 

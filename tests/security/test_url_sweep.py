@@ -20,7 +20,7 @@ from django.urls import get_resolver, path, resolve
 from approvals.audit import chain as audit
 from approvals.audit.chain import verify_chain
 from approvals.models import Role, Run, RunStatus, Tenant, Ticket, TicketStatus
-from notifications import services as notifications
+from notifications import emails, endpoints, events, fan_out
 from notifications.models import Delivery, DeliveryStatus, EmailDelivery, Event, WebhookEndpoint
 from sessions_admin.models import StoredItem, StoredSession
 from sessions_admin.stores import sqlite_path
@@ -92,12 +92,12 @@ class Side:
 
 def webhook_for(tenant: Tenant, admin, url: str) -> tuple[WebhookEndpoint, Delivery]:
     """An endpoint with one failed delivery, so that a retry would change something."""
-    endpoint, _ = notifications.create_endpoint(
+    endpoint, _ = endpoints.create_endpoint(
         tenant=tenant, user=admin, url=url, events=list(Event.values)
     )
     with transaction.atomic():
         event = audit.append(tenant_id=tenant.pk, action="run.failed", actor_name="worker")
-    notifications.fan_out(audit_event=event)
+    fan_out.fan_out(audit_event=event)
     delivery = Delivery.objects.get(endpoint=endpoint)
     Delivery.objects.filter(pk=delivery.pk).update(status=DeliveryStatus.FAILED, attempts=5)
     return endpoint, delivery
@@ -108,7 +108,7 @@ def failed_email_for(tenant: Tenant) -> EmailDelivery:
     and its address the tenant's slug, so a page that shows it to another tenant leaks."""
     with transaction.atomic():
         event = audit.append(tenant_id=tenant.pk, action="run.failed", actor_name="worker")
-    subject, text = notifications.email_for(notifications.facts_for(event, Event.RUN_FAILED))
+    subject, text = emails.email_for(events.facts_for(event, Event.RUN_FAILED))
     return EmailDelivery.objects.create(
         tenant=tenant,
         audit_event_id=event.pk,

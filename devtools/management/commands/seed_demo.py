@@ -20,8 +20,9 @@ from approvals.models import ApprovalPolicy, ApproverGroup, Membership, Role, Ru
 from approvals.policies.groups import save_group
 from approvals.policies.versions import save_policy
 from approvals.runs.pause import pause_run
-from notifications import services as notifications
+from notifications import endpoints
 from notifications.models import Event, WebhookEndpoint
+from notifications.targets import WebhookURLError
 from sessions_admin.models import StoredItem, StoredSession
 from sessions_admin.orm_session import DjangoSession
 from sessions_admin.stores import redis_prefix, sqlite_path
@@ -139,14 +140,14 @@ def _seed_webhook(tenant: Tenant, admin) -> WebhookEndpoint | str:
     if existing:
         return existing
     try:
-        endpoint, _ = notifications.create_endpoint(
+        endpoint, _ = endpoints.create_endpoint(
             tenant=tenant,
             user=admin,
             url=DEMO_WEBHOOK_URL,
             description="Demo receiver: manage.py webhook_receiver, started by bin/run-dev",
             events=list(Event.values),
         )
-    except notifications.WebhookURLError as error:
+    except WebhookURLError as error:
         return str(error)
     return endpoint
 

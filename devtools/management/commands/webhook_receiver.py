@@ -24,7 +24,7 @@ from django.core.management.base import BaseCommand
 from django.db import close_old_connections
 
 from approvals.core import crypto
-from notifications import services, signing
+from notifications import endpoints, signing
 from notifications.models import WebhookEndpoint
 
 MAX_BODY = 1024 * 1024
@@ -87,7 +87,7 @@ class Command(BaseCommand):
             found = []
             for endpoint in WebhookEndpoint.objects.filter(url__startswith=f"http://{host}:{port}"):
                 try:
-                    found.append(services.endpoint_secret(endpoint))
+                    found.append(endpoints.endpoint_secret(endpoint))
                 except crypto.CryptoError:
                     continue
             return found

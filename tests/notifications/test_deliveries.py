@@ -14,15 +14,15 @@ from django_tasks_db.models import DBTaskResult
 
 from approvals.audit import chain as audit
 from approvals.models import AuditEvent, Role, Ticket
-from notifications import services, signing
+from notifications import attempts, deliveries, endpoints, fan_out, signing, transport
+from notifications.deliveries import deliver_webhook_task
 from notifications.models import Delivery, DeliveryStatus, Event, WebhookEndpoint
-from notifications.tasks import deliver_webhook_task
 from tests.factories import member, paused_run
 from tests.notifications.conftest import make_endpoint
 
 pytestmark = pytest.mark.django_db
 
-DELIVER_TASK = "notifications.tasks.deliver_webhook_task"
+DELIVER_TASK = "notifications.deliveries.deliver_webhook_task"
 
 
 def one_delivery(tenant, endpoint, action="ticket.escalated") -> Delivery:
@@ -35,7 +35,7 @@ def one_delivery(tenant, endpoint, action="ticket.escalated") -> Delivery:
             arguments_digest="ab" * 32,
             outcome="pending",
         )
-    services.fan_out(audit_event=event)
+    fan_out.fan_out(audit_event=event)
     return Delivery.objects.get(endpoint=endpoint, audit_event_id=event.pk)
 
 
@@ -45,7 +45,7 @@ def test_delivery_is_signed_and_verified_by_a_receiver_on_loopback(tenant, admin
     run = paused_run(tenant, requested_by=member(tenant, Role.VIEWER, username="req"))
     ticket = Ticket.objects.get(run=run)
     created = AuditEvent.objects.get(action="ticket.created", ticket=ticket)
-    services.fan_out(audit_event=created)
+    fan_out.fan_out(audit_event=created)
     delivery = Delivery.objects.get(endpoint=endpoint)
 
     result = deliver_webhook_task.call(delivery.pk)
@@ -83,7 +83,7 @@ def test_delivery_with_the_wrong_secret_is_refused_by_the_receiver(tenant, admin
     receiver.secrets.append("whsec_not-the-right-one")
     delivery = one_delivery(tenant, endpoint)
 
-    services.attempt(delivery.pk)
+    deliveries.attempt(delivery.pk)
 
     delivery.refresh_from_db()
     assert [r.verified for r in receiver.received] == [False]
@@ -118,11 +118,11 @@ def test_delivery_failing_receiver_is_retried_with_backoff_then_failed_and_audit
     now = timezone.now()
     waits = []
 
-    for attempt in range(1, services.MAX_ATTEMPTS + 1):
+    for attempt in range(1, attempts.MAX_ATTEMPTS + 1):
         # Too early: nothing is sent before the next attempt's time.
         if attempt > 1:
-            assert services.attempt(delivery.pk, now=now - timedelta(seconds=2)) is None
-        delivery = services.attempt(delivery.pk, now=now)
+            assert deliveries.attempt(delivery.pk, now=now - timedelta(seconds=2)) is None
+        delivery = deliveries.attempt(delivery.pk, now=now)
         assert delivery.attempts == attempt
         if delivery.next_attempt_at:
             waits.append(delivery.next_attempt_at - now)
@@ -139,12 +139,12 @@ def test_delivery_failing_receiver_is_retried_with_backoff_then_failed_and_audit
         500,
         "HTTP 500",
     )
-    assert len(failing_receiver.verified) == services.MAX_ATTEMPTS
+    assert len(failing_receiver.verified) == attempts.MAX_ATTEMPTS
     # One task per attempt: the first from the fan-out, four scheduled after their backoff.
     run_afters = sorted(
         DBTaskResult.objects.filter(task_path=DELIVER_TASK).values_list("run_after", flat=True)
     )
-    assert len(run_afters) == services.MAX_ATTEMPTS
+    assert len(run_afters) == attempts.MAX_ATTEMPTS
     failed = AuditEvent.objects.get(action="webhook.failed")
     assert failed.outcome == "failed"
     assert failed.detail == {
@@ -158,7 +158,7 @@ def test_delivery_failing_receiver_is_retried_with_backoff_then_failed_and_audit
     }
     # Only the final failure is audited, and a finished delivery is never sent again.
     assert AuditEvent.objects.filter(action__startswith="webhook.").count() == 2  # + created
-    assert services.attempt(delivery.pk, now=now + timedelta(days=1)) is None
+    assert deliveries.attempt(delivery.pk, now=now + timedelta(days=1)) is None
 
 
 def test_delivery_a_redirect_is_not_followed(tenant, admin):
@@ -180,7 +180,7 @@ def test_delivery_a_redirect_is_not_followed(tenant, admin):
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}/hook"
         endpoint, _ = make_endpoint(tenant, admin, url=url)
-        delivery = services.attempt(one_delivery(tenant, endpoint).pk)
+        delivery = deliveries.attempt(one_delivery(tenant, endpoint).pk)
     finally:
         server.shutdown()
         server.server_close()
@@ -193,7 +193,7 @@ def test_delivery_a_redirect_is_not_followed(tenant, admin):
 def test_delivery_connection_refused_is_a_short_error(tenant, admin):
     endpoint, _ = make_endpoint(tenant, admin, url="http://127.0.0.1:9/hook")
 
-    delivery = services.attempt(one_delivery(tenant, endpoint).pk)
+    delivery = deliveries.attempt(one_delivery(tenant, endpoint).pk)
 
     assert delivery.status == "pending"
     assert delivery.last_status_code is None
@@ -205,7 +205,7 @@ def test_delivery_to_a_non_http_url_is_refused_without_a_request(tenant, admin):
     endpoint, _ = make_endpoint(tenant, admin)
     WebhookEndpoint.objects.filter(pk=endpoint.pk).update(url="file:///etc/passwd")
 
-    delivery = services.attempt(one_delivery(tenant, endpoint).pk)
+    delivery = deliveries.attempt(one_delivery(tenant, endpoint).pk)
 
     assert delivery.last_error == "Enter an http:// or https:// URL with a host name."
 
@@ -213,39 +213,9 @@ def test_delivery_to_a_non_http_url_is_refused_without_a_request(tenant, admin):
 def test_delivery_of_a_deleted_endpoint_does_nothing(tenant, admin):
     endpoint, _ = make_endpoint(tenant, admin)
     delivery = one_delivery(tenant, endpoint)
-    services.delete_endpoint(endpoint, user=admin)
+    endpoints.delete_endpoint(endpoint, user=admin)
 
     assert deliver_webhook_task.call(delivery.pk) == "skipped"
-
-
-def test_endpoint_secret_is_stored_sealed_and_bound_to_its_endpoint(tenant, admin):
-    endpoint, secret = make_endpoint(tenant, admin)
-    other, _ = make_endpoint(tenant, admin)
-
-    stored = WebhookEndpoint.objects.get(pk=endpoint.pk)
-    assert secret.startswith("whsec_") and len(secret) > 40
-    assert secret.encode() not in bytes(stored.secret_ciphertext)
-    assert services.endpoint_secret(stored) == secret
-    # The sealed blob moved to another endpoint does not open.
-    WebhookEndpoint.objects.filter(pk=other.pk).update(
-        secret_nonce=stored.secret_nonce, secret_ciphertext=stored.secret_ciphertext
-    )
-    from approvals.core.crypto import CryptoError
-
-    with pytest.raises(CryptoError):
-        services.endpoint_secret(WebhookEndpoint.objects.get(pk=other.pk))
-
-
-def test_rotate_webhook_secrets_reseals_under_the_new_primary_key(tenant, admin, settings):
-    endpoint, secret = make_endpoint(tenant, admin)
-    old = list(settings.APPROVALS_ENCRYPTION_KEYS)
-    settings.APPROVALS_ENCRYPTION_KEYS = [("new1", b"k" * 32), *old]
-
-    assert services.rotate_webhook_secrets() == {"rotated": 1, "failed": 0}
-
-    stored = WebhookEndpoint.objects.get(pk=endpoint.pk)
-    assert stored.secret_key_id == "new1"
-    assert services.endpoint_secret(stored) == secret
 
 
 def test_fan_out_only_for_selected_events(tenant, admin):
@@ -253,7 +223,7 @@ def test_fan_out_only_for_selected_events(tenant, admin):
     with transaction.atomic():
         event = audit.append(tenant_id=tenant.pk, action="ticket.escalated", actor_name="x")
 
-    assert services.fan_out(audit_event=event) == []
+    assert fan_out.fan_out(audit_event=event) == []
     assert Delivery.objects.filter(endpoint=endpoint).count() == 0
 
 
@@ -287,8 +257,8 @@ def test_requeue_stale_gives_a_lost_delivery_its_task_once(tenant, admin):
     Delivery.objects.filter(pk=delivery.pk).update(next_attempt_at=now - timedelta(minutes=3))
     fresh = one_delivery(tenant, endpoint, action="run.completed")
 
-    assert services.requeue_stale(now=now) == 1
-    assert services.requeue_stale(now=now + timedelta(seconds=10)) == 0
+    assert deliveries.requeue_stale(now=now) == 1
+    assert deliveries.requeue_stale(now=now + timedelta(seconds=10)) == 0
 
     # The fresh delivery's own task, and one again for the lost one.
     tasks = DBTaskResult.objects.filter(task_path=DELIVER_TASK)
@@ -300,47 +270,11 @@ def test_delivery_whose_endpoint_is_deleted_mid_attempt_records_nothing(tenant, 
     delivery = one_delivery(tenant, endpoint)
 
     def post_while_deleted(url, body, headers):
-        services.delete_endpoint(WebhookEndpoint.objects.get(pk=endpoint.pk), user=admin)
-        return services.Outcome(False, 500, "HTTP 500", 3)
+        endpoints.delete_endpoint(WebhookEndpoint.objects.get(pk=endpoint.pk), user=admin)
+        return transport.Outcome(False, 500, "HTTP 500", 3)
 
-    monkeypatch.setattr(services, "post", post_while_deleted)
-    services.attempt(delivery.pk)
+    monkeypatch.setattr(transport, "post", post_while_deleted)
+    deliveries.attempt(delivery.pk)
 
     assert Delivery.objects.count() == 0
     assert DBTaskResult.objects.filter(task_path=DELIVER_TASK).count() == 1  # the fan-out's
-
-
-def test_a_receiver_that_trickles_its_headers_is_cut_at_the_deadline(monkeypatch):
-    """Socket timeouts bound each read only: the whole request has its own deadline."""
-    import socket as sockets
-    import time as clock
-
-    monkeypatch.setattr(services, "TIMEOUT_SECONDS", 1.0)
-    listener = sockets.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(1)
-    port = listener.getsockname()[1]
-
-    def trickle():
-        conn, _ = listener.accept()
-        with conn:
-            conn.recv(65536)
-            conn.sendall(b"HTTP/1.1 200 OK\r\n")
-            for n in range(12):  # one header line every 0.4 s: 4.8 s in all
-                clock.sleep(0.4)
-                try:
-                    conn.sendall(f"X-Slow-{n}: 1\r\n".encode())
-                except OSError:
-                    return
-
-    thread = threading.Thread(target=trickle, daemon=True)
-    thread.start()
-    started = clock.monotonic()
-
-    outcome = services.post(f"http://127.0.0.1:{port}/hook", b"{}", {})
-
-    elapsed = clock.monotonic() - started
-    thread.join(10)
-    listener.close()
-    assert (outcome.ok, outcome.status_code, outcome.error) == (False, None, "timed out after 1 s")
-    assert elapsed < 2.5

@@ -33,7 +33,7 @@ django.setup()
 from django.apps import apps
 from django.conf import settings
 from django.core.management import get_commands
-from approvals import registry
+from approvals.execution import registry
 try:
     release = registry.get_spec("release", "1").factory.__module__
 except registry.UnknownAgentError as error:

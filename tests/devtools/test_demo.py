@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.conf import settings
 
-from approvals import registry
+from approvals.execution import registry
 from devtools import demo
 
 

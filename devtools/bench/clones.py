@@ -9,15 +9,19 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from agents import Runner
+from agents._tool_invocation import tool_invocation_identity_and_scope
 from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
 from approvals.core.canonical import arguments_digest, canonical_arguments
-from approvals.execution.queue import WAKE_CHANNEL
+from approvals.execution import registry
+from approvals.execution.queue import WAKE_CHANNEL, resume_run_task
 from approvals.execution.state import open_state, seal_state
 from approvals.models import AuditEvent, Run, RunStatus, Tenant, Ticket, TicketStatus
 from approvals.runs.pause import pause_run
+from devtools import demo
 from devtools.processes import Proc
 
 TEMPLATE_RELEASE = "2026.01.01-t0000"
@@ -28,9 +32,6 @@ TEMPLATE_RELEASE = "2026.01.01-t0000"
 
 def make_template(tenant: Tenant, requester) -> tuple[Run, str]:
     """One real paused run of the release agent; its state JSON text, decrypted."""
-    from agents import Runner
-
-    from approvals.execution import registry
 
     agent = registry.get_spec("release", "1").build()
     result = asyncio.run(
@@ -44,7 +45,6 @@ def make_template(tenant: Tenant, requester) -> tuple[Run, str]:
 
 def _refingerprint(state: dict) -> None:
     """The SDK fingerprints each tool call's arguments; recompute them for the edited calls."""
-    from agents._tool_invocation import tool_invocation_identity_and_scope
 
     invocations = state.get("context", {}).get("tool_invocations") or {}
     raw_items = {}
@@ -136,7 +136,6 @@ def clone_runs(
 
 def approve_in_bulk(clones: list[Clone], approver, *, enqueue: bool = True) -> None:
     """What decide() leaves behind for many runs at once: approved tickets, queued runs, tasks."""
-    from approvals.execution.queue import resume_run_task
 
     now = timezone.now()
     with transaction.atomic():
@@ -193,7 +192,6 @@ def span_seconds(run_ids: list[int]) -> float:
 
 
 def exactly_once(releases: Iterable[str]) -> dict[str, int]:
-    from devtools import demo
 
     wanted = set(releases)
     counts = Counter(

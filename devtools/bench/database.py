@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import psycopg
+from django.core.management import call_command
 from django.db import connection
 
 from devtools.processes import child_env
@@ -25,8 +27,6 @@ def bench_database_name() -> str:
 
 def recreate_database() -> str:
     """DROP and CREATE the bench database (never another one), then migrate it."""
-    import psycopg
-    from django.core.management import call_command
 
     name = bench_database_name()
     connection.close()

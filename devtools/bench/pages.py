@@ -9,6 +9,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from approvals.audit import chain as audit
@@ -180,7 +181,6 @@ def load_page_data(
 
 
 def measure_page(client, path: str, *, repeats: int, warmup: int) -> dict[str, Any]:
-    from django.test.utils import CaptureQueriesContext
 
     first = None
     times, queries = [], []

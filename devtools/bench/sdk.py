@@ -9,9 +9,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from agents import Agent, Runner, RunState, function_tool
+from agents.testing import ModelStep, ScriptedModel, function_call
+
+from approvals.core import crypto
 from approvals.execution.state import STATE_PURPOSE, serialize_state
 from approvals.models import Tenant
 from approvals.runs.pause import pause_run
+from devtools import demo
 from devtools.bench.clones import clone_state
 from devtools.bench.stats import pct, summary_ms
 
@@ -21,9 +26,6 @@ from devtools.bench.stats import pct, summary_ms
 def bare_resume_ms(template_text: str, iterations: int, effect_log: Path) -> list[float]:
     """RunState.from_json + approve + Runner.run in-process, with the same scripted model and a
     tool of the same name and schema whose effect is the same file append, without the console."""
-    from agents import Agent, Runner, RunState, function_tool
-
-    from devtools import demo
 
     @function_tool(needs_approval=True, failure_error_function=None, name_override="deploy_release")
     def bare_deploy_release(release: str, environment: str) -> str:
@@ -69,10 +71,6 @@ def bare_resume_ms(template_text: str, iterations: int, effect_log: Path) -> lis
 def multi_turn_result(turns: int):
     """A paused RunResult whose state holds `turns` model turns: turns-1 calls of a lookup tool
     (no approval), then the deploy_release call that needs one."""
-    from agents import Agent, Runner, function_tool
-    from agents.testing import ModelStep, ScriptedModel, function_call
-
-    from devtools import demo
 
     @function_tool
     def lookup_status(service: str) -> str:
@@ -119,7 +117,6 @@ def multi_turn_result(turns: int):
 
 
 def measure_pause(tenant: Tenant, requester, turns: int, repeats: int) -> dict[str, Any]:
-    from devtools import demo
 
     result = multi_turn_result(turns)
     bare, paused = [], []
@@ -146,7 +143,6 @@ def measure_pause(tenant: Tenant, requester, turns: int, repeats: int) -> dict[s
             context=result.context_wrapper.context,
             context_serializer=demo.release_context_serializer,
         )
-        from approvals.core import crypto
 
         crypto.seal(payload, purpose=STATE_PURPOSE, tenant=1, run=1, generation=1)
         serialise.append(time.perf_counter() - started)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import cProfile
 import io
+import pstats
 import statistics
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -36,8 +38,6 @@ def summary_ms(seconds: Iterable[float]) -> dict[str, float]:
 
 
 def profile(fn: Callable[[], Any], *, top: int = 25) -> str:
-    import cProfile
-    import pstats
 
     profiler = cProfile.Profile()
     profiler.enable()

@@ -8,6 +8,7 @@ import sqlite3
 from datetime import timedelta
 
 from agents import Runner
+from agents.extensions.memory import RedisSession
 from agents.memory import SQLiteSession
 from django.conf import settings
 from django.contrib.auth import get_user_model
@@ -224,7 +225,6 @@ def _seed_sessions(tenant: Tenant) -> int:
         finally:
             session.close()
     if settings.REDIS_URL:
-        from agents.extensions.memory import RedisSession
 
         async def seed_redis() -> int:
             added = 0

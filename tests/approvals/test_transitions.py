@@ -9,7 +9,7 @@ import pytest
 
 from approvals import transitions
 from approvals.models import Run, RunStatus, Ticket, TicketStatus
-from tests.factories import TenantFactory, member, paused_run
+from tests.support import TenantFactory, member, paused_run
 
 pytestmark = pytest.mark.django_db
 

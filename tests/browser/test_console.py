@@ -21,7 +21,7 @@ from approvals.models import AuditEvent, Run, RunStatus, Ticket, TicketStatus
 from approvals.runs.resume import resume
 from devtools import demo
 from tests.browser.conftest import TIMEOUT_MS, chromium_skip_reason, new_page, screenshot
-from tests.factories import PASSWORD, TenantFactory, member, paused_run
+from tests.support import PASSWORD, TenantFactory, member, paused_run
 
 pytestmark = [
     pytest.mark.skipif(bool(chromium_skip_reason()), reason=chromium_skip_reason() or "-"),

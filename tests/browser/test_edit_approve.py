@@ -11,7 +11,7 @@ from approvals.models import AuditEvent, PreAuthorization, Run, RunStatus, Ticke
 from devtools import demo
 from tests.browser.conftest import chromium_skip_reason, new_page, screenshot
 from tests.browser.test_console import _people, _sign_in, _wait_live, expect
-from tests.factories import paused_run
+from tests.support import paused_run
 
 pytestmark = [
     pytest.mark.skipif(bool(chromium_skip_reason()), reason=chromium_skip_reason() or "-"),

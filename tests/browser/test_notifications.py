@@ -20,8 +20,8 @@ from tests.browser.test_console import (
     _wait_live,
     expect,
 )
-from tests.factories import TenantFactory, member
 from tests.notifications.conftest import make_endpoint
+from tests.support import TenantFactory, member
 
 pytestmark = [
     pytest.mark.skipif(bool(chromium_skip_reason()), reason=chromium_skip_reason() or "-"),

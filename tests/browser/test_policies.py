@@ -11,7 +11,7 @@ from approvals.models import ApprovalPolicy, Run, RunStatus, Ticket, TicketStatu
 from devtools import demo
 from tests.browser.conftest import chromium_skip_reason, new_page, screenshot
 from tests.browser.test_console import PROMPT, _mark_loaded, _sign_in, _wait_live, expect
-from tests.factories import TenantFactory, member, paused_run
+from tests.support import TenantFactory, member, paused_run
 
 pytestmark = [
     pytest.mark.skipif(bool(chromium_skip_reason()), reason=chromium_skip_reason() or "-"),

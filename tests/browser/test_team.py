@@ -22,7 +22,7 @@ from tests.browser.test_console import (
     _wait_live,
     expect,
 )
-from tests.factories import member, paused_run
+from tests.support import member, paused_run
 
 pytestmark = [
     pytest.mark.skipif(bool(chromium_skip_reason()), reason=chromium_skip_reason() or "-"),

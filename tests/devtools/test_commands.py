@@ -26,7 +26,7 @@ from approvals.models import (
 from devtools.processes import free_port
 from notifications import signing
 from sessions_admin.models import StoredSession
-from tests.factories import TenantFactory, member
+from tests.support import TenantFactory, member
 
 pytestmark = pytest.mark.django_db
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -48,18 +47,6 @@ def require_postgres(why: str) -> None:
 
 
 # --- waiting ----------------------------------------------------------------------------------
-
-
-def wait_until(predicate: Callable[[], object], *, timeout: float, what: str, every=0.1):
-    """Poll predicate until it is truthy, or fail at the deadline. Never the assertion itself."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"gave up after {timeout:.0f}s waiting for {what}")
-        time.sleep(every)
 
 
 @pytest.fixture

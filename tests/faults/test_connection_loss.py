@@ -34,7 +34,6 @@ from approvals.runs.resolution import in_doubt_effects
 from devtools import demo
 from devtools.processes import ConsoleClient
 from tests.conftest import database_url, subprocess_env
-from tests.factories import PASSWORD, TenantFactory, member, paused_run
 from tests.faults.conftest import (
     backends,
     no_traceback,
@@ -42,9 +41,9 @@ from tests.faults.conftest import (
     row_locked,
     start_console,
     terminate_backends,
-    wait_until,
     with_application_name,
 )
+from tests.support import PASSWORD, TenantFactory, member, paused_run, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.faults, pytest.mark.slow]
 

@@ -1,7 +1,7 @@
 """At-least-once delivery at scale: one approved resume delivered 2, 5 and 20 times, to 2 and to
 4 `manage.py db_worker --batch` processes started together (PostgreSQL).
 
-tests/approvals/test_workers.py covers two deliveries to two workers; here the duplicates are
+tests/approvals/runs/test_workers.py covers two deliveries to two workers; here the duplicates are
 many and interleaved with other runs' duplicates. Expected for every run: one effect, one claim
 (attempts 1, one run.resuming), one done ledger row, completed, and every delivery of it
 finishes SUCCESSFUL (the late ones find the run claimed or already completed).
@@ -21,8 +21,8 @@ from approvals.execution.queue import resume_run_task
 from approvals.models import AuditEvent, IdempotencyRecord, LedgerStatus, Run, RunStatus, Ticket
 from devtools import demo
 from tests.conftest import subprocess_env
-from tests.factories import TenantFactory, member, paused_run
 from tests.faults.conftest import require_postgres
+from tests.support import TenantFactory, member, paused_run
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.faults, pytest.mark.slow]
 

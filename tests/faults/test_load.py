@@ -5,7 +5,7 @@ The real console: `manage.py runserver --noreload` (daphne, ASGI) and two `manag
 library's http.client, each signed in as its own approver (login page for the CSRF cookie, POST
 /login/, then every decision POSTed with the csrftoken cookie as X-CSRFToken).
 
-The 1,000 paused runs are made by the release agent itself (tests.factories.paused_run), each
+The 1,000 paused runs are made by the release agent itself (tests.support.paused_run), each
 for its own release, so that each effect-log line names the run it came from. Cloning one paused
 run per tenant was measured and dropped: the SDK's state records a fingerprint of each tool call's
 arguments (`tool_invocations`), so a clone whose arguments were edited (and re-sealed, with the
@@ -42,8 +42,8 @@ from approvals.models import (
 from devtools import demo
 from devtools.processes import ConsoleClient
 from tests.conftest import subprocess_env
-from tests.factories import PASSWORD, TenantFactory, UserFactory, member, paused_run
-from tests.faults.conftest import require_postgres, start_console, wait_until
+from tests.faults.conftest import require_postgres, start_console
+from tests.support import PASSWORD, TenantFactory, UserFactory, member, paused_run, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.faults, pytest.mark.slow]
 

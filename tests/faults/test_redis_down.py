@@ -25,8 +25,8 @@ from approvals.models import AuditEvent, IdempotencyRecord, LedgerStatus, Run, R
 from devtools import demo
 from devtools.processes import ConsoleClient
 from tests.conftest import subprocess_env
-from tests.factories import PASSWORD, TenantFactory, member, paused_run
-from tests.faults.conftest import free_port, start_console, wait_until
+from tests.faults.conftest import free_port, start_console
+from tests.support import PASSWORD, TenantFactory, member, paused_run, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.faults, pytest.mark.slow]
 

@@ -30,7 +30,7 @@ from approvals.models import AuditEvent, Run, RunStatus, Ticket, TicketStatus
 from approvals.runs.pause import pause_run
 from devtools import demo
 from tests.conftest import database_url, subprocess_env
-from tests.factories import TenantFactory, member, run_agent
+from tests.support import TenantFactory, member, run_agent
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.faults, pytest.mark.slow]
 

@@ -5,7 +5,7 @@ import pytest
 from approvals.models import Role, Tenant
 from notifications import endpoints
 from notifications.models import Event, WebhookEndpoint
-from tests.factories import TenantFactory, member
+from tests.support import TenantFactory, member
 
 
 @pytest.fixture

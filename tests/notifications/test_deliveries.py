@@ -17,8 +17,8 @@ from approvals.models import AuditEvent, Role, Ticket
 from notifications import attempts, deliveries, endpoints, fan_out, signing, transport
 from notifications.deliveries import deliver_webhook_task
 from notifications.models import Delivery, DeliveryStatus, Event, WebhookEndpoint
-from tests.factories import member, paused_run
 from tests.notifications.conftest import make_endpoint
+from tests.support import member, paused_run
 
 pytestmark = pytest.mark.django_db
 

@@ -22,8 +22,8 @@ from notifications import attempts, deliveries, emails, fan_out
 from notifications.emails import deliver_email_task, deliver_emails_task
 from notifications.models import EmailDelivery
 from notifications.tasks import send_email_task
-from tests.factories import member, paused_run
 from tests.notifications.mail_backends import RefusingBackend
+from tests.support import member, paused_run
 
 pytestmark = pytest.mark.django_db
 

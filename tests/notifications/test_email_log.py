@@ -15,7 +15,7 @@ from approvals.audit import chain as audit
 from approvals.models import AuditEvent, Role
 from notifications import emails, events
 from notifications.models import DeliveryStatus, EmailDelivery
-from tests.factories import TenantFactory, member
+from tests.support import TenantFactory, member
 
 pytestmark = pytest.mark.django_db
 

@@ -16,8 +16,8 @@ from approvals.runs.reaper import reap
 from notifications import fan_out
 from notifications.events import event_for
 from notifications.models import Delivery, DeliveryStatus, Event
-from tests.factories import TenantFactory, member, paused_run
 from tests.notifications.conftest import make_endpoint
+from tests.support import TenantFactory, member, paused_run
 
 pytestmark = pytest.mark.django_db
 

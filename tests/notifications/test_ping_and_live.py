@@ -18,9 +18,9 @@ from approvals.models import AuditEvent, Role
 from notifications import deliveries, emails
 from notifications.models import Delivery, DeliveryStatus, Event
 from tests.approvals.test_consumers import ORIGIN, session_cookie, socket
-from tests.factories import TenantFactory, member
 from tests.notifications.conftest import make_endpoint
 from tests.notifications.test_views import failed_delivery
+from tests.support import TenantFactory, member
 
 pytestmark = pytest.mark.django_db
 

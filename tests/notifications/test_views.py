@@ -11,8 +11,8 @@ from approvals.audit import chain as audit
 from approvals.models import AuditEvent, Role
 from notifications import endpoints, fan_out
 from notifications.models import Delivery, DeliveryStatus, Event, WebhookEndpoint
-from tests.factories import TenantFactory, member
 from tests.notifications.conftest import make_endpoint
+from tests.support import TenantFactory, member
 
 pytestmark = pytest.mark.django_db
 

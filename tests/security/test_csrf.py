@@ -2,7 +2,7 @@
 
 The routes come from the resolver, filled with the signed-in admin's own objects so that each
 request would otherwise reach its view. The websocket's origin and sign-in checks are in
-tests/approvals/test_consumers.py (test_consumer_refuses_a_foreign_origin_even_when_signed_in,
+tests/approvals/live/test_consumers.py (test_consumer_refuses_a_foreign_origin_even_when_signed_in,
 test_consumer_refuses_an_anonymous_socket).
 """
 
@@ -18,9 +18,9 @@ from django.urls import reverse
 from approvals.models import AuditEvent, Role, Run, Tenant, Ticket, TicketStatus
 from notifications.models import Delivery, EmailDelivery, WebhookEndpoint
 from sessions_admin.models import StoredItem, StoredSession
-from tests.factories import TenantFactory, member, paused_run
 from tests.security import UnfillableRoute, fill, routes
 from tests.security.test_url_sweep import KWARGS, failed_email_for, webhook_for, with_query
+from tests.support import TenantFactory, member, paused_run
 
 pytestmark = pytest.mark.django_db
 

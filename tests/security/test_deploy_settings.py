@@ -19,7 +19,7 @@ from approvals.middleware import CONSOLE_CSP
 from approvals.models import Role
 from config.env import new_encryption_key
 from tests.conftest import database_url
-from tests.factories import TenantFactory, member
+from tests.support import TenantFactory, member
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 HOST = "console.example.com"

@@ -22,7 +22,7 @@ from hypothesis.extra.django import TestCase
 
 from approvals.models import Role, Ticket
 from sessions_admin.models import StoredItem, StoredSession
-from tests.factories import TenantFactory, member, paused_run
+from tests.support import TenantFactory, member, paused_run
 
 FUZZ = settings(
     max_examples=60,

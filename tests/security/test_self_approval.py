@@ -12,7 +12,7 @@ from approvals.decisions.errors import SelfApprovalError
 from approvals.models import AuditEvent, Role, Run, RunStatus, Ticket, TicketStatus
 from approvals.runs.resume import resume
 from devtools import demo
-from tests.factories import TenantFactory, member, paused_run
+from tests.support import TenantFactory, member, paused_run
 
 pytestmark = pytest.mark.django_db
 

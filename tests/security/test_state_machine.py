@@ -48,7 +48,7 @@ from approvals.runs.reaper import reap
 from approvals.runs.resolution import ResolutionError, resolve
 from approvals.runs.resume import resume
 from devtools import demo
-from tests.factories import TenantFactory, member, run_agent, two_call_agent
+from tests.support import TenantFactory, member, run_agent, two_call_agent
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

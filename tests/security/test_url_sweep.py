@@ -24,7 +24,6 @@ from notifications import emails, endpoints, events, fan_out
 from notifications.models import Delivery, DeliveryStatus, EmailDelivery, Event, WebhookEndpoint
 from sessions_admin.models import StoredItem, StoredSession
 from sessions_admin.stores import sqlite_path
-from tests.factories import TenantFactory, member, paused_run
 from tests.security import (
     Kwarg,
     UnfillableRoute,
@@ -35,6 +34,7 @@ from tests.security import (
     is_scoped,
     routes,
 )
+from tests.support import TenantFactory, member, paused_run
 
 pytestmark = pytest.mark.django_db
 

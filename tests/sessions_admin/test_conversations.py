@@ -39,7 +39,7 @@ from sessions_admin.stores import (
     SessionMissing,
     StoreUnavailable,
 )
-from tests.factories import TenantFactory, member
+from tests.support import TenantFactory, member
 
 TICKET_PROMPT = "Ticket number T-781"
 PAGE = 3  # small pages, so that reading a history follows the cursor

@@ -20,7 +20,7 @@ from devtools import demo
 from sessions_admin.models import StoredItem, StoredSession
 from sessions_admin.orm_session import DjangoSession
 from tests.conftest import manage
-from tests.factories import TenantFactory, member, paused_run
+from tests.support import TenantFactory, member, paused_run
 
 # DjangoSession reads and writes in a worker thread with its own connection: data is committed.
 pytestmark = pytest.mark.django_db(transaction=True)

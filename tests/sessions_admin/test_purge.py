@@ -28,7 +28,7 @@ from sessions_admin.stores import (
     redis_prefix,
     sqlite_path,
 )
-from tests.factories import TenantFactory
+from tests.support import TenantFactory
 
 pytestmark = pytest.mark.django_db
 

@@ -29,7 +29,7 @@ from sessions_admin.stores import (
     list_sessions,
     redis_prefix,
 )
-from tests.factories import TenantFactory
+from tests.support import TenantFactory
 
 REDIS_TEST_URL = "redis://127.0.0.1:6379/14"
 UNREACHABLE_URL = "redis://127.0.0.1:1/0"

@@ -15,7 +15,7 @@ from django.utils.html import escape
 from approvals.models import AuditEvent, Role, Tenant
 from sessions_admin.models import ConversationRecord, StoredItem, StoredSession
 from sessions_admin.stores import sqlite_path
-from tests.factories import TenantFactory, member
+from tests.support import TenantFactory, member
 
 pytestmark = pytest.mark.django_db
 

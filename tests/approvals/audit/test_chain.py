@@ -1,0 +1,382 @@
+"""The audit log: hash-chained per tenant, append-only in the database, verifiable."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from io import StringIO
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.db import connection, transaction
+from django.db.utils import IntegrityError, ProgrammingError
+
+from approvals.audit import chain as audit
+from approvals.audit import guard
+from approvals.models import AuditEvent, Tenant
+from tests.support import TenantFactory
+
+pytestmark = pytest.mark.django_db
+
+# What each vendor raises when the append-only trigger refuses a statement: SQLite's
+# RAISE(ABORT) is a constraint failure; PostgreSQL's ERRCODE insufficient_privilege is class 42.
+REFUSAL = {"sqlite": IntegrityError, "postgresql": ProgrammingError}
+
+
+def _append(tenant: Tenant, action: str = "run.paused", **fields) -> AuditEvent:
+    with transaction.atomic():
+        return audit.append(tenant_id=tenant.pk, action=action, **fields)
+
+
+def _chain(tenant: Tenant, length: int) -> list[AuditEvent]:
+    return [_append(tenant, outcome=f"step {n}") for n in range(1, length + 1)]
+
+
+@contextmanager
+def _guard_lifted():
+    guard.remove(connection)
+    try:
+        yield
+    finally:
+        guard.install(connection)
+
+
+def _assert_refused(excinfo, operation: str) -> None:
+    assert type(excinfo.value) is REFUSAL[connection.vendor]
+    assert f"approvals_auditevent is append-only: {operation} refused" in str(excinfo.value)
+
+
+# --- the chain ----------------------------------------------------------------------------------
+
+
+def test_append_links_each_event_to_the_previous_hash():
+    tenant = TenantFactory()
+
+    _chain(tenant, 4)
+
+    events = list(AuditEvent.objects.filter(tenant=tenant).order_by("seq"))
+    assert [e.seq for e in events] == [1, 2, 3, 4]
+    assert events[0].prev_hash == audit.GENESIS
+    assert [e.prev_hash for e in events[1:]] == [e.hash for e in events[:-1]]
+    # Read back from the database, each stored hash still matches its recomputed contents.
+    assert [audit.event_hash(e) for e in events] == [e.hash for e in events]
+
+
+def test_append_moves_the_tenant_head_to_the_last_event():
+    tenant = TenantFactory()
+
+    last = _chain(tenant, 3)[-1]
+
+    tenant.refresh_from_db()
+    assert (tenant.audit_seq, tenant.audit_head) == (3, last.hash)
+
+
+def test_append_keeps_independent_chains_per_tenant():
+    acme = TenantFactory(slug="acme")
+    globex = TenantFactory(slug="globex")
+
+    for tenant in (acme, globex, acme, acme, globex):
+        _append(tenant)
+
+    acme_events = list(AuditEvent.objects.filter(tenant=acme).order_by("seq"))
+    globex_events = list(AuditEvent.objects.filter(tenant=globex).order_by("seq"))
+    assert [e.seq for e in acme_events] == [1, 2, 3]
+    assert [e.seq for e in globex_events] == [1, 2]
+    assert globex_events[0].prev_hash == audit.GENESIS
+    assert globex_events[1].prev_hash == globex_events[0].hash
+    assert acme_events[1].prev_hash == acme_events[0].hash
+
+
+@pytest.mark.django_db(transaction=True)
+def test_append_outside_a_transaction_is_refused():
+    tenant = TenantFactory()
+
+    with pytest.raises(RuntimeError) as excinfo:
+        audit.append(tenant_id=tenant.pk, action="run.paused")
+
+    assert str(excinfo.value) == "audit.append must run inside a transaction"
+    assert AuditEvent.objects.filter(tenant=tenant).count() == 0
+
+
+def test_append_redacts_a_secret_shaped_detail_value():
+    tenant = TenantFactory()
+    secret = "sk-" + "A1b2C3d4E5f6G7h8I9j0K1l2"
+
+    event = _append(tenant, detail={"note": secret, "count": 2})
+
+    event.refresh_from_db()
+    assert event.detail == {"note": "[redacted]", "count": 2}
+    assert audit.event_hash(event) == event.hash
+
+
+def test_append_redacts_a_secret_named_detail_key():
+    tenant = TenantFactory()
+
+    event = _append(tenant, detail={"api_key": "plain-looking", "agent": "release"})
+
+    event.refresh_from_db()
+    assert event.detail == {"api_key": "[redacted]", "agent": "release"}
+
+
+# --- the database refuses changes -----------------------------------------------------------
+
+
+def test_audit_event_orm_save_is_refused():
+    event = _append(TenantFactory())
+    event.outcome = "rewritten"
+
+    with pytest.raises(REFUSAL[connection.vendor]) as excinfo, transaction.atomic():
+        event.save()
+
+    _assert_refused(excinfo, "UPDATE")
+    assert AuditEvent.objects.get(pk=event.pk).outcome == ""
+
+
+def test_audit_event_orm_queryset_update_is_refused():
+    event = _append(TenantFactory())
+
+    with pytest.raises(REFUSAL[connection.vendor]) as excinfo, transaction.atomic():
+        AuditEvent.objects.filter(pk=event.pk).update(outcome="rewritten")
+
+    _assert_refused(excinfo, "UPDATE")
+    assert AuditEvent.objects.get(pk=event.pk).outcome == ""
+
+
+def test_audit_event_orm_delete_is_refused():
+    event = _append(TenantFactory())
+
+    with pytest.raises(REFUSAL[connection.vendor]) as excinfo, transaction.atomic():
+        event.delete()
+
+    _assert_refused(excinfo, "DELETE")
+    assert AuditEvent.objects.filter(pk=event.pk).count() == 1
+
+
+def test_audit_event_orm_queryset_delete_is_refused():
+    tenant = TenantFactory()
+    _chain(tenant, 2)
+
+    with pytest.raises(REFUSAL[connection.vendor]) as excinfo, transaction.atomic():
+        AuditEvent.objects.filter(tenant=tenant).delete()
+
+    _assert_refused(excinfo, "DELETE")
+    assert AuditEvent.objects.filter(tenant=tenant).count() == 2
+
+
+def test_audit_event_raw_sql_update_is_refused():
+    event = _append(TenantFactory())
+
+    with (
+        pytest.raises(REFUSAL[connection.vendor]) as excinfo,
+        transaction.atomic(),
+        connection.cursor() as cursor,
+    ):
+        cursor.execute(
+            "UPDATE approvals_auditevent SET outcome = %s WHERE id = %s", ["rewritten", event.pk]
+        )
+
+    _assert_refused(excinfo, "UPDATE")
+    assert AuditEvent.objects.get(pk=event.pk).outcome == ""
+
+
+def test_audit_event_raw_sql_delete_is_refused():
+    event = _append(TenantFactory())
+
+    with (
+        pytest.raises(REFUSAL[connection.vendor]) as excinfo,
+        transaction.atomic(),
+        connection.cursor() as cursor,
+    ):
+        cursor.execute("DELETE FROM approvals_auditevent WHERE id = %s", [event.pk])
+
+    _assert_refused(excinfo, "DELETE")
+    assert AuditEvent.objects.filter(pk=event.pk).count() == 1
+
+
+def test_audit_event_insert_is_allowed_after_a_refusal():
+    tenant = TenantFactory()
+    event = _append(tenant)
+    with pytest.raises(REFUSAL[connection.vendor]), transaction.atomic():
+        AuditEvent.objects.filter(pk=event.pk).delete()
+
+    second = _append(tenant)
+
+    assert second.seq == 2
+    assert audit.verify_chain(tenant).ok is True
+
+
+# --- verify_chain --------------------------------------------------------------------------
+
+
+def test_verify_chain_intact_is_ok():
+    tenant = TenantFactory(slug="acme")
+    _chain(tenant, 5)
+
+    report = audit.verify_chain(tenant)
+
+    assert report == audit.ChainReport("acme", 5, True)
+
+
+def test_verify_chain_empty_is_ok():
+    tenant = TenantFactory(slug="acme")
+
+    assert audit.verify_chain(tenant) == audit.ChainReport("acme", 0, True)
+
+
+def test_verify_chain_edited_field_is_detected():
+    tenant = TenantFactory(slug="acme")
+    events = _chain(tenant, 4)
+    with _guard_lifted():
+        AuditEvent.objects.filter(pk=events[1].pk).update(outcome="approved")
+
+        report = audit.verify_chain(tenant)
+
+    assert report == audit.ChainReport(
+        "acme", 2, False, 2, events[1].pk, "contents differ from their hash"
+    )
+
+
+def test_verify_chain_edited_detail_is_detected():
+    tenant = TenantFactory(slug="acme")
+    events = _chain(tenant, 3)
+    with _guard_lifted():
+        AuditEvent.objects.filter(pk=events[2].pk).update(detail={"message": "forged"})
+
+        report = audit.verify_chain(tenant)
+
+    assert (report.ok, report.broken_seq, report.broken_event_id, report.reason) == (
+        False,
+        3,
+        events[2].pk,
+        "contents differ from their hash",
+    )
+
+
+def test_verify_chain_edited_event_with_recomputed_hash_is_detected_at_the_next_link():
+    tenant = TenantFactory(slug="acme")
+    events = _chain(tenant, 4)
+    with _guard_lifted():
+        forged = AuditEvent.objects.get(pk=events[1].pk)
+        forged.outcome = "approved"
+        forged.hash = audit.event_hash(forged)
+        forged.save()
+
+        report = audit.verify_chain(tenant)
+
+    assert report == audit.ChainReport(
+        "acme", 3, False, 3, events[2].pk, "previous-hash link is broken"
+    )
+
+
+def test_verify_chain_deleted_middle_event_is_detected():
+    tenant = TenantFactory(slug="acme")
+    events = _chain(tenant, 4)
+    with _guard_lifted():
+        AuditEvent.objects.filter(pk=events[1].pk).delete()
+
+        report = audit.verify_chain(tenant)
+
+    assert report == audit.ChainReport("acme", 2, False, 2, events[2].pk, "event #2 is missing")
+
+
+def test_verify_chain_deleted_last_event_is_detected():
+    tenant = TenantFactory(slug="acme")
+    events = _chain(tenant, 4)
+    with _guard_lifted():
+        AuditEvent.objects.filter(pk=events[3].pk).delete()
+
+        report = audit.verify_chain(tenant)
+
+    assert report == audit.ChainReport(
+        "acme", 3, False, 4, None, "chain ends at #3 but the head says #4"
+    )
+
+
+def test_verify_chain_break_in_one_tenant_leaves_the_other_ok():
+    acme = TenantFactory(slug="acme")
+    globex = TenantFactory(slug="globex")
+    acme_events = _chain(acme, 3)
+    _chain(globex, 2)
+    with _guard_lifted():
+        AuditEvent.objects.filter(pk=acme_events[0].pk).update(actor_name="mallory")
+
+        acme_report = audit.verify_chain(acme)
+        globex_report = audit.verify_chain(globex)
+
+    assert (acme_report.ok, acme_report.broken_seq) == (False, 1)
+    assert globex_report == audit.ChainReport("globex", 2, True)
+
+
+def test_guard_lifted_is_reinstalled_afterwards():
+    event = _append(TenantFactory())
+    with _guard_lifted():
+        pass
+
+    with pytest.raises(REFUSAL[connection.vendor]), transaction.atomic():
+        AuditEvent.objects.filter(pk=event.pk).delete()
+
+    assert AuditEvent.objects.filter(pk=event.pk).count() == 1
+
+
+# --- manage.py verify_audit -------------------------------------------------------------------
+
+
+def test_verify_audit_command_intact_chain_reports_each_tenant():
+    _chain(TenantFactory(slug="acme"), 3)
+    _chain(TenantFactory(slug="globex"), 1)
+    out, err = StringIO(), StringIO()
+
+    call_command("verify_audit", stdout=out, stderr=err)
+
+    assert out.getvalue() == "acme: 3 events, chain intact\nglobex: 1 events, chain intact\n"
+    assert err.getvalue() == ""
+
+
+def test_verify_audit_command_broken_chain_exits_1_naming_the_event():
+    tenant = TenantFactory(slug="acme")
+    events = _chain(tenant, 3)
+    _chain(TenantFactory(slug="globex"), 1)
+    out, err = StringIO(), StringIO()
+    with _guard_lifted():
+        AuditEvent.objects.filter(pk=events[1].pk).update(tool_name="deploy_release")
+
+        with pytest.raises(SystemExit) as excinfo:
+            call_command("verify_audit", stdout=out, stderr=err)
+
+    assert excinfo.value.code == 1
+    assert err.getvalue() == (
+        f"acme: chain broken at event #2 (id {events[1].pk}): contents differ from their hash\n"
+    )
+    assert out.getvalue() == "globex: 1 events, chain intact\n"
+
+
+def test_verify_audit_command_deleted_tail_exits_1_without_an_id():
+    tenant = TenantFactory(slug="acme")
+    events = _chain(tenant, 2)
+    err = StringIO()
+    with _guard_lifted():
+        AuditEvent.objects.filter(pk=events[1].pk).delete()
+
+        with pytest.raises(SystemExit) as excinfo:
+            call_command("verify_audit", stdout=StringIO(), stderr=err)
+
+    assert excinfo.value.code == 1
+    assert (
+        err.getvalue() == "acme: chain broken at event #2: chain ends at #1 but the head says #2\n"
+    )
+
+
+def test_verify_audit_command_tenant_option_checks_only_that_tenant():
+    _chain(TenantFactory(slug="acme"), 2)
+    _chain(TenantFactory(slug="globex"), 1)
+    out = StringIO()
+
+    call_command("verify_audit", "--tenant", "globex", stdout=out, stderr=StringIO())
+
+    assert out.getvalue() == "globex: 1 events, chain intact\n"
+
+
+def test_verify_audit_command_unknown_tenant_is_a_command_error():
+    with pytest.raises(CommandError) as excinfo:
+        call_command("verify_audit", "--tenant", "nope", stdout=StringIO(), stderr=StringIO())
+
+    assert str(excinfo.value) == "no tenant 'nope'"

@@ -1,0 +1,314 @@
+"""decide: one compare-and-set from pending; the run's last decision queues exactly one resume."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+from django_tasks_db.models import DBTaskResult
+
+from approvals.decisions.decide import decide
+from approvals.decisions.errors import (
+    AlreadyDecidedError,
+    InvalidDecisionError,
+    NotAllowedError,
+    SelfApprovalError,
+    TicketExpiredError,
+    TicketNotFoundError,
+)
+from approvals.models import AuditEvent, Membership, Role, Run, RunStatus, Ticket, TicketStatus
+from approvals.runs.pause import pause_run
+from tests.support import (
+    TenantFactory,
+    UserFactory,
+    member,
+    paused_run,
+    run_agent,
+    two_call_agent,
+)
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def _fast_passwords(settings):
+    # Users are made by the factory with a password; the default PBKDF2 costs ~1 s per user.
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+TASK_PATH = "approvals.execution.queue.resume_run_task"
+PROMPT = "Deploy release 2026.07.24 to staging and production"
+
+
+def two_ticket_run(tenant, requester) -> tuple[Run, Ticket, Ticket]:
+    result = run_agent("release", PROMPT, agent=two_call_agent())
+    # The registry is consulted only for the key and version at pause time.
+    run = pause_run(
+        result, tenant=tenant, agent_key="release", agent_version="1", requested_by=requester
+    )
+    staging, production = Ticket.objects.filter(run=run).order_by("pk")
+    return run, staging, production
+
+
+def one_ticket(tenant, requester) -> Ticket:
+    return Ticket.objects.get(run=paused_run(tenant, requested_by=requester))
+
+
+def resume_tasks(run: Run) -> list[DBTaskResult]:
+    tasks = DBTaskResult.objects.filter(task_path=TASK_PATH)
+    return [task for task in tasks if task.args_kwargs["args"] == [run.pk]]
+
+
+class Unchanged:
+    """Snapshot of what a refused decision must leave as it was."""
+
+    def __init__(self, ticket: Ticket) -> None:
+        self.ticket = ticket
+        self.audit = AuditEvent.objects.count()
+        self.tasks = DBTaskResult.objects.count()
+        self.run_status = Run.objects.get(pk=ticket.run_id).status
+
+    def check(self, status: str = TicketStatus.PENDING) -> None:
+        ticket = Ticket.objects.get(pk=self.ticket.pk)
+        assert ticket.status == status
+        assert AuditEvent.objects.count() == self.audit
+        assert DBTaskResult.objects.count() == self.tasks
+        assert Run.objects.get(pk=self.ticket.run_id).status == self.run_status
+
+
+# --- decisions --------------------------------------------------------------------------------
+
+
+def test_decide_approve_records_the_decision_and_queues_the_run():
+    tenant = TenantFactory()
+    ticket = one_ticket(tenant, member(tenant, Role.VIEWER))
+    approver = member(tenant, Role.APPROVER)
+    before = timezone.now()
+
+    decided = decide(ticket, user=approver, approve=True, message="  Ship it.  ")
+
+    assert decided.status == TicketStatus.APPROVED
+    assert decided.decided_by == approver
+    assert before <= decided.decided_at <= timezone.now()
+    assert decided.decision_message == "Ship it."
+    assert decided.always is False
+    assert Run.objects.get(pk=ticket.run_id).status == RunStatus.QUEUED
+    tasks = resume_tasks(ticket.run)
+    assert len(tasks) == 1
+    assert tasks[0].args_kwargs == {"args": [ticket.run_id], "kwargs": {}}
+    assert list(
+        AuditEvent.objects.filter(run_id=ticket.run_id)
+        .order_by("seq")
+        .values_list("action", "actor_id")
+    ) == [
+        ("run.paused", ticket.requested_by_id),
+        ("ticket.created", ticket.requested_by_id),
+        ("ticket.approved", approver.pk),
+        ("run.queued", approver.pk),
+    ]
+
+
+def test_decide_reject_records_the_message_and_queues_the_run():
+    tenant = TenantFactory()
+    ticket = one_ticket(tenant, member(tenant, Role.VIEWER))
+    approver = member(tenant, Role.ADMIN)
+    message = "Deployment was denied by the release manager."
+
+    decided = decide(ticket, user=approver, approve=False, message=message)
+
+    assert decided.status == TicketStatus.REJECTED
+    assert decided.decided_by == approver
+    assert decided.decided_at is not None
+    assert decided.decision_message == message
+    assert Run.objects.get(pk=ticket.run_id).status == RunStatus.QUEUED
+    assert len(resume_tasks(ticket.run)) == 1
+    rejected = AuditEvent.objects.get(ticket_id=ticket.pk, action="ticket.rejected")
+    assert rejected.detail == {"always": False, "message": message}
+
+
+def test_decide_always_approve_is_stored_on_the_ticket():
+    tenant = TenantFactory()
+    ticket = one_ticket(tenant, member(tenant, Role.VIEWER))
+
+    decided = decide(ticket, user=member(tenant), approve=True, always=True)
+
+    assert decided.always is True
+    assert AuditEvent.objects.get(ticket_id=ticket.pk, action="ticket.approved").detail == {
+        "always": True,
+        "message": "",
+    }
+
+
+def test_decide_queues_the_run_only_when_its_last_ticket_is_decided():
+    tenant = TenantFactory()
+    run, staging, production = two_ticket_run(tenant, member(tenant, Role.VIEWER))
+    approver = member(tenant)
+
+    decide(staging, user=approver, approve=True)
+
+    assert Run.objects.get(pk=run.pk).status == RunStatus.PAUSED
+    assert resume_tasks(run) == []
+    assert list(AuditEvent.objects.filter(action="run.queued")) == []
+
+    decide(production, user=approver, approve=False, message="Not on a Friday.")
+
+    assert Run.objects.get(pk=run.pk).status == RunStatus.QUEUED
+    assert len(resume_tasks(run)) == 1
+    assert AuditEvent.objects.filter(run_id=run.pk, action="run.queued").count() == 1
+
+
+def test_decide_on_a_run_that_is_not_paused_enqueues_nothing():
+    tenant = TenantFactory()
+    run, staging, production = two_ticket_run(tenant, member(tenant, Role.VIEWER))
+    approver = member(tenant)
+    # A run parked by the worker keeps its status even if someone decides the last ticket.
+    Run.objects.filter(pk=run.pk).update(status=RunStatus.NEEDS_ATTENTION)
+    decide(staging, user=approver, approve=True)
+
+    decide(production, user=approver, approve=True)
+
+    assert Run.objects.get(pk=run.pk).status == RunStatus.NEEDS_ATTENTION
+    assert resume_tasks(run) == []
+
+
+# --- refusals ---------------------------------------------------------------------------------
+
+
+def test_decide_already_decided_names_the_winner_and_time():
+    tenant = TenantFactory()
+    ticket = one_ticket(tenant, member(tenant, Role.VIEWER))
+    winner = member(tenant, username="alice")
+    loser = member(tenant, username="bob")
+    won = decide(ticket, user=winner, approve=True)
+    unchanged = Unchanged(ticket)
+
+    with pytest.raises(AlreadyDecidedError) as raised:
+        decide(ticket, user=loser, approve=False, message="no")
+
+    assert str(raised.value) == (
+        f"Already approved by alice at {won.decided_at:%Y-%m-%d %H:%M:%S} UTC."
+    )
+    unchanged.check(TicketStatus.APPROVED)
+    assert Ticket.objects.get(pk=ticket.pk).decided_by == winner
+    assert len(resume_tasks(ticket.run)) == 1
+
+
+def test_decide_expired_ticket_is_refused():
+    tenant = TenantFactory()
+    ticket = one_ticket(tenant, member(tenant, Role.VIEWER))
+    Ticket.objects.filter(pk=ticket.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
+    unchanged = Unchanged(ticket)
+
+    with pytest.raises(TicketExpiredError, match="this ticket expired at"):
+        decide(ticket, user=member(tenant), approve=True)
+
+    unchanged.check()
+
+
+def test_decide_superseded_ticket_is_refused():
+    tenant = TenantFactory()
+    ticket = one_ticket(tenant, member(tenant, Role.VIEWER))
+    Ticket.objects.filter(pk=ticket.pk).update(status=TicketStatus.SUPERSEDED)
+    unchanged = Unchanged(ticket)
+
+    with pytest.raises(TicketExpiredError, match="withdrawn because its run ended"):
+        decide(ticket, user=member(tenant), approve=True)
+
+    unchanged.check(TicketStatus.SUPERSEDED)
+
+
+def test_decide_self_approval_is_refused():
+    tenant = TenantFactory()
+    requester = member(tenant, Role.APPROVER)
+    ticket = one_ticket(tenant, requester)
+    unchanged = Unchanged(ticket)
+
+    with pytest.raises(SelfApprovalError):
+        decide(ticket, user=requester, approve=True)
+
+    unchanged.check()
+
+
+def test_decide_requester_may_reject_own_ticket():
+    tenant = TenantFactory()
+    requester = member(tenant, Role.APPROVER)
+    ticket = one_ticket(tenant, requester)
+
+    decided = decide(ticket, user=requester, approve=False, message="Wrong release.")
+
+    assert decided.status == TicketStatus.REJECTED
+    assert decided.decided_by == requester
+    assert Run.objects.get(pk=ticket.run_id).status == RunStatus.QUEUED
+
+
+@pytest.mark.parametrize("role", [Role.VIEWER, Role.AUDITOR])
+@pytest.mark.parametrize("approve", [True, False], ids=["approve", "reject"])
+def test_decide_by_non_deciding_role_is_refused(role, approve):
+    tenant = TenantFactory()
+    ticket = one_ticket(tenant, member(tenant, Role.VIEWER))
+    unchanged = Unchanged(ticket)
+
+    with pytest.raises(NotAllowedError, match=f"the {role} role cannot decide"):
+        decide(ticket, user=member(tenant, role), approve=approve)
+
+    unchanged.check()
+
+
+def test_decide_by_user_of_another_tenant_is_not_found():
+    tenant = TenantFactory()
+    ticket = one_ticket(tenant, member(tenant, Role.VIEWER))
+    outsider = member(TenantFactory(), Role.ADMIN)
+    unchanged = Unchanged(ticket)
+
+    with pytest.raises(TicketNotFoundError):
+        decide(ticket, user=outsider, approve=True)
+
+    unchanged.check()
+
+
+def test_decide_by_user_without_membership_or_inactive_is_not_found():
+    tenant = TenantFactory()
+    ticket = one_ticket(tenant, member(tenant, Role.VIEWER))
+    inactive = member(tenant, Role.ADMIN)
+    inactive.is_active = False
+    inactive.save(update_fields=["is_active"])
+    unchanged = Unchanged(ticket)
+
+    for user in (UserFactory(), inactive):
+        with pytest.raises(TicketNotFoundError):
+            decide(ticket, user=user, approve=True)
+
+    unchanged.check()
+    assert Membership.objects.filter(user=inactive, tenant=tenant).count() == 1
+
+
+def test_decide_message_over_2000_chars_is_refused():
+    tenant = TenantFactory()
+    ticket = one_ticket(tenant, member(tenant, Role.VIEWER))
+    unchanged = Unchanged(ticket)
+
+    with pytest.raises(InvalidDecisionError, match="the message is 2001 characters"):
+        decide(ticket, user=member(tenant), approve=False, message="x" * 2001)
+
+    unchanged.check()
+
+
+def test_decide_message_of_exactly_2000_chars_is_accepted():
+    tenant = TenantFactory()
+    ticket = one_ticket(tenant, member(tenant, Role.VIEWER))
+
+    decided = decide(ticket, user=member(tenant), approve=False, message="x" * 2000)
+
+    assert decided.decision_message == "x" * 2000
+
+
+def test_decide_always_with_reject_is_refused():
+    tenant = TenantFactory()
+    ticket = one_ticket(tenant, member(tenant, Role.VIEWER))
+    unchanged = Unchanged(ticket)
+
+    with pytest.raises(InvalidDecisionError, match="'always' goes with an approval"):
+        decide(ticket, user=member(tenant), approve=False, always=True)
+
+    unchanged.check()

@@ -1,0 +1,193 @@
+"""The live channel: only signed-in members connect, and each hears only its own tenants."""
+
+from __future__ import annotations
+
+import pytest
+from asgiref.sync import async_to_sync
+from channels.db import database_sync_to_async
+from channels.layers import get_channel_layer
+from channels.testing import WebsocketCommunicator
+from django.conf import settings as django_settings
+from django.test import Client
+
+from approvals.decisions import claims
+from approvals.decisions.decide import decide
+from approvals.live import tail
+from approvals.live.consumers import ConsoleConsumer
+from approvals.models import Role, Ticket
+from config.asgi import application
+from tests.support import TenantFactory, member, pending_ticket
+
+PATH = "/ws/console/"
+ORIGIN = (b"origin", b"http://testserver")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_tail(settings, monkeypatch):
+    """A quick poll, and a tail of this test's own: a task left by another loop never delivers."""
+    settings.APPROVALS_LIVE_POLL_SECONDS = 0.05
+    monkeypatch.setattr(tail, "audit_tail", tail.AuditTail())
+
+
+def session_cookie(user) -> tuple[bytes, bytes]:
+    client = Client()
+    client.force_login(user)
+    name = django_settings.SESSION_COOKIE_NAME
+    return (b"cookie", f"{name}={client.cookies[name].value}".encode())
+
+
+def socket(*headers: tuple[bytes, bytes]) -> WebsocketCommunicator:
+    return WebsocketCommunicator(application, PATH, headers=list(headers))
+
+
+def approve(ticket: Ticket, approver) -> None:
+    decide(ticket, user=approver, approve=True)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_consumer_refuses_an_anonymous_socket():
+    async def scenario():
+        communicator = socket(ORIGIN)
+        connected, code = await communicator.connect()
+        await communicator.disconnect()
+        return connected, code
+
+    assert async_to_sync(scenario)() == (False, 4401)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_consumer_refuses_a_foreign_origin_even_when_signed_in():
+    cookie = session_cookie(member(TenantFactory(), Role.ADMIN))
+
+    async def scenario():
+        communicator = socket((b"origin", b"http://evil.example"), cookie)
+        connected, _ = await communicator.connect()
+        await communicator.disconnect()
+        return connected
+
+    assert async_to_sync(scenario)() is False
+
+
+@pytest.mark.django_db(transaction=True)
+def test_consumer_refuses_an_inactive_user():
+    user = member(TenantFactory(), Role.ADMIN)
+    user.is_active = False
+    user.save(update_fields=["is_active"])
+
+    async def scenario():
+        communicator = WebsocketCommunicator(ConsoleConsumer.as_asgi(), PATH)
+        communicator.scope["user"] = user
+        connected, _ = await communicator.connect()
+        await communicator.disconnect()
+        return connected
+
+    assert async_to_sync(scenario)() is False
+
+
+@pytest.mark.django_db(transaction=True)
+def test_consumer_accepts_a_signed_in_member():
+    cookie = session_cookie(member(TenantFactory(), Role.VIEWER))
+
+    async def scenario():
+        communicator = socket(ORIGIN, cookie)
+        connected, _ = await communicator.connect()
+        await communicator.send_to(text_data="ignored")
+        quiet = await communicator.receive_nothing(timeout=0.2)
+        await communicator.disconnect()
+        return connected, quiet
+
+    assert async_to_sync(scenario)() == (True, True)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_consumer_hints_a_member_about_its_tenants_decision():
+    tenant = TenantFactory()
+    ticket = pending_ticket(tenant, requested_by=member(tenant, Role.VIEWER))
+    approver = member(tenant, Role.APPROVER)
+    cookie = session_cookie(member(tenant, Role.VIEWER))
+
+    async def scenario():
+        await get_channel_layer().flush()
+        communicator = socket(ORIGIN, cookie)
+        connected, _ = await communicator.connect()
+        assert connected
+        try:
+            await database_sync_to_async(approve)(ticket, approver)
+            return [
+                await communicator.receive_from(timeout=5),
+                await communicator.receive_from(timeout=5),
+            ]
+        finally:
+            await communicator.disconnect()
+
+    decided, queued = async_to_sync(scenario)()
+
+    assert decided == (
+        '<div id="live-hint" class="visually-hidden" aria-live="polite" hx-swap-oob="true" '
+        f'data-kind="ticket.decided" data-run="{ticket.run_id}" data-ticket="{ticket.pk}">'
+        f"Ticket #{ticket.pk} was approved.</div>\n"
+    )
+    assert f'data-kind="run.changed" data-run="{ticket.run_id}"' in queued
+    assert f"Run #{ticket.run_id} is now queued." in queued
+
+
+@pytest.mark.django_db(transaction=True)
+def test_consumer_sends_nothing_about_another_tenant():
+    mine, theirs = TenantFactory(), TenantFactory()
+    their_ticket = pending_ticket(theirs, requested_by=member(theirs, Role.VIEWER))
+    their_approver = member(theirs, Role.APPROVER)
+    my_ticket = pending_ticket(mine, requested_by=member(mine, Role.VIEWER))
+    my_approver = member(mine, Role.APPROVER)
+    cookie = session_cookie(member(mine, Role.ADMIN))
+
+    async def scenario():
+        await get_channel_layer().flush()
+        communicator = socket(ORIGIN, cookie)
+        connected, _ = await communicator.connect()
+        assert connected
+        try:
+            await database_sync_to_async(approve)(their_ticket, their_approver)
+            quiet = await communicator.receive_nothing(timeout=0.5)
+            # Then one of our own: the first hint to arrive must be about it.
+            await database_sync_to_async(approve)(my_ticket, my_approver)
+            first = await communicator.receive_from(timeout=5)
+            second = await communicator.receive_from(timeout=5)
+            quiet_after = await communicator.receive_nothing(timeout=0.3)
+            return quiet, first, second, quiet_after
+        finally:
+            await communicator.disconnect()
+
+    quiet, first, second, quiet_after = async_to_sync(scenario)()
+
+    assert quiet is True
+    assert f'data-ticket="{my_ticket.pk}"' in first
+    assert f'data-run="{my_ticket.run_id}"' in second
+    assert quiet_after is True
+    assert f"Ticket #{their_ticket.pk} " not in first + second
+
+
+@pytest.mark.django_db(transaction=True)
+def test_consumer_hints_a_member_about_a_claim_on_its_tenants_ticket():
+    tenant = TenantFactory()
+    ticket = pending_ticket(tenant, requested_by=member(tenant, Role.VIEWER))
+    alice = member(tenant, Role.APPROVER, username="alice")
+    cookie = session_cookie(member(tenant, Role.VIEWER))
+
+    async def scenario():
+        await get_channel_layer().flush()
+        communicator = socket(ORIGIN, cookie)
+        connected, _ = await communicator.connect()
+        assert connected
+        try:
+            await database_sync_to_async(lambda: claims.claim(ticket, user=alice))()
+            return await communicator.receive_from(timeout=5)
+        finally:
+            await communicator.disconnect()
+
+    claimed = async_to_sync(scenario)()
+
+    assert claimed == (
+        '<div id="live-hint" class="visually-hidden" aria-live="polite" hx-swap-oob="true" '
+        f'data-kind="ticket.changed" data-run="{ticket.run_id}" data-ticket="{ticket.pk}">'
+        f"Ticket #{ticket.pk} changed.</div>\n"
+    )

@@ -1,0 +1,352 @@
+"""The queue page: pending tickets of the user's tenants, filtered and paged by keyset."""
+
+from __future__ import annotations
+
+import base64
+import json
+from datetime import timedelta
+from urllib.parse import urlencode
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.html import escape
+
+from approvals.models import Role, Run, Ticket, TicketStatus
+from tests.support import TenantFactory, member
+
+pytestmark = pytest.mark.django_db
+
+QUEUE = reverse("approvals:queue")
+
+
+def cheap_run(tenant, *, agent_key: str = "release", requested_by=None) -> Run:
+    """A run row without a real state: the queue never opens the blob."""
+    return Run.objects.create(
+        tenant=tenant,
+        agent_key=agent_key,
+        agent_version="1",
+        schema_version="1.0",
+        requested_by=requested_by,
+        state_key_id="",
+        state_nonce=b"",
+        state_ciphertext=b"",
+    )
+
+
+def cheap_ticket(
+    tenant,
+    *,
+    tool: str = "deploy_release",
+    arguments: str = '{"environment":"production","release":"2026.07.24"}',
+    agent_key: str = "release",
+    requested_by=None,
+    status: str = TicketStatus.PENDING,
+    created_at=None,
+) -> Ticket:
+    run = cheap_run(tenant, agent_key=agent_key, requested_by=requested_by)
+    now = timezone.now()
+    return Ticket.objects.create(
+        run=run,
+        tenant=tenant,
+        generation=1,
+        agent_name=agent_key,
+        tool_name=tool,
+        tool_call_id=f"call_{run.pk}",
+        arguments_json=arguments,
+        arguments_digest="0" * 64,
+        requested_by=requested_by,
+        created_at=created_at or now,
+        expires_at=now + timedelta(days=1),
+        status=status,
+    )
+
+
+def shown_ids(response) -> list[int]:
+    return [row["ticket"].pk for row in response.context["rows"]]
+
+
+def test_queue_shows_the_pending_tickets_tool_and_summary(client):
+    tenant = TenantFactory()
+    ticket = cheap_ticket(tenant)
+    client.force_login(member(tenant, Role.VIEWER))
+
+    response = client.get(QUEUE)
+
+    assert response.status_code == 200
+    assert shown_ids(response) == [ticket.pk]
+    body = response.content.decode()
+    assert '<span class="tool">deploy_release</span>' in body
+    assert "environment=production, release=2026.07.24" in body
+    assert reverse("approvals:ticket", args=[ticket.pk]) in body
+
+
+def test_queue_hides_decided_tickets(client):
+    tenant = TenantFactory()
+    pending = cheap_ticket(tenant)
+    for status in (TicketStatus.APPROVED, TicketStatus.REJECTED, TicketStatus.EXPIRED):
+        cheap_ticket(tenant, tool=f"tool_{status}", status=status)
+    client.force_login(member(tenant, Role.VIEWER))
+
+    response = client.get(QUEUE)
+
+    assert shown_ids(response) == [pending.pk]
+    assert "tool_approved" not in response.content.decode()
+
+
+def test_queue_empty_says_nothing_is_waiting(client):
+    client.force_login(member(TenantFactory(), Role.VIEWER))
+
+    response = client.get(QUEUE)
+
+    assert response.status_code == 200
+    assert "Nothing is waiting for you." in response.content.decode()
+
+
+def test_queue_never_shows_another_tenants_tickets(client):
+    mine, theirs = TenantFactory(), TenantFactory()
+    own = cheap_ticket(mine)
+    cheap_ticket(theirs, tool="their_secret_tool")
+    client.force_login(member(mine, Role.APPROVER))
+
+    response = client.get(QUEUE)
+
+    assert shown_ids(response) == [own.pk]
+    assert "their_secret_tool" not in response.content.decode()
+
+
+def test_queue_of_anonymous_user_redirects_to_sign_in(client):
+    response = client.get(QUEUE)
+
+    assert response.status_code == 302
+    assert response["Location"] == "/login/?next=/"
+
+
+# --- filters ---------------------------------------------------------------------------------
+
+
+def test_queue_filters_by_tenant(client):
+    one, two = TenantFactory(), TenantFactory()
+    user = member(one, Role.VIEWER)
+    member(two, Role.VIEWER, username=user.username)
+    cheap_ticket(one)
+    wanted = cheap_ticket(two)
+    client.force_login(user)
+
+    response = client.get(QUEUE, {"tenant": two.slug})
+
+    assert response.status_code == 200
+    assert shown_ids(response) == [wanted.pk]
+
+
+def test_queue_filters_by_agent(client):
+    tenant = TenantFactory()
+    cheap_ticket(tenant, agent_key="release")
+    wanted = cheap_ticket(tenant, agent_key="invoice", tool="publish_invoice")
+    client.force_login(member(tenant, Role.VIEWER))
+
+    response = client.get(QUEUE, {"agent": "invoice"})
+
+    assert shown_ids(response) == [wanted.pk]
+
+
+def test_queue_filters_by_tool(client):
+    tenant = TenantFactory()
+    wanted = cheap_ticket(tenant, tool="deploy_release")
+    cheap_ticket(tenant, tool="publish_invoice")
+    client.force_login(member(tenant, Role.VIEWER))
+
+    response = client.get(QUEUE, {"tool": "deploy_release"})
+
+    assert shown_ids(response) == [wanted.pk]
+
+
+def test_queue_filters_by_requester(client):
+    tenant = TenantFactory()
+    alice = member(tenant, Role.VIEWER, username="alice")
+    bob = member(tenant, Role.VIEWER, username="bob")
+    wanted = cheap_ticket(tenant, requested_by=alice)
+    cheap_ticket(tenant, requested_by=bob)
+    client.force_login(member(tenant, Role.APPROVER))
+
+    response = client.get(QUEUE, {"requester": "alice"})
+
+    assert shown_ids(response) == [wanted.pk]
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"tenant": "nosuch"}, "You are not a member of a tenant called 'nosuch'."),
+        ({"agent": "nosuch"}, "There is no agent called 'nosuch'."),
+        ({"tool": "drop table;"}, "That is not a valid tool name."),
+        ({"requester": "ghost"}, "There is no user called 'ghost'."),
+    ],
+)
+def test_queue_unknown_filter_value_is_400_with_the_message(client, params, message):
+    tenant = TenantFactory()
+    cheap_ticket(tenant)
+    client.force_login(member(tenant, Role.VIEWER))
+
+    response = client.get(QUEUE, params)
+
+    assert response.status_code == 400
+    assert response.context["rows"] == []
+    assert escape(message) in response.content.decode()
+
+
+def test_queue_filter_by_another_tenant_is_400_like_an_unknown_one(client):
+    mine, theirs = TenantFactory(), TenantFactory()
+    cheap_ticket(theirs)
+    client.force_login(member(mine, Role.APPROVER))
+
+    response = client.get(QUEUE, {"tenant": theirs.slug})
+
+    assert response.status_code == 400
+    assert escape(f"You are not a member of a tenant called '{theirs.slug}'.") in (
+        response.content.decode()
+    )
+
+
+@pytest.mark.parametrize("cursor", ["not-base64!", "W10", "WyJ4IiwgMV0"])
+def test_queue_broken_after_cursor_is_400(client, cursor):
+    tenant = TenantFactory()
+    cheap_ticket(tenant)
+    client.force_login(member(tenant, Role.VIEWER))
+
+    response = client.get(QUEUE, {"after": cursor})
+
+    assert response.status_code == 400
+    assert "that page link is broken or out of date" in response.content.decode()
+
+
+@pytest.mark.parametrize(
+    "values", [["9999-12-31T23:59:59-12:00", 1], ["0001-01-01T00:00:00+12:00", 1]]
+)
+def test_queue_forged_cursor_outside_the_datetime_range_is_400(client, values):
+    # Valid base64 and JSON, but the datetime cannot be brought to UTC for the query.
+    tenant = TenantFactory()
+    cheap_ticket(tenant)
+    client.force_login(member(tenant, Role.VIEWER))
+    client.raise_request_exception = False
+    cursor = base64.urlsafe_b64encode(json.dumps(values).encode()).decode().rstrip("=")
+
+    response = client.get(QUEUE, {"after": cursor})
+
+    assert response.status_code == 400
+    assert "that page link is broken or out of date" in response.content.decode()
+
+
+def test_queue_oversized_cursor_is_400(client):
+    tenant = TenantFactory()
+    client.force_login(member(tenant, Role.VIEWER))
+
+    response = client.get(QUEUE, {"after": "A" * 501})
+
+    assert response.status_code == 400
+    assert "Ensure this value has at most 500 characters (it has 501)." in (
+        response.content.decode()
+    )
+
+
+# --- pages -----------------------------------------------------------------------------------
+
+
+def test_queue_pages_by_keyset_without_duplicates_or_gaps(client):
+    tenant = TenantFactory()
+    now = timezone.now()
+    # Ties on created_at cross page boundaries: the id breaks them.
+    tickets = [
+        cheap_ticket(tenant, created_at=now - timedelta(seconds=index // 7)) for index in range(60)
+    ]
+    client.force_login(member(tenant, Role.VIEWER))
+
+    pages: list[list[int]] = []
+    query = ""
+    while True:
+        response = client.get(f"{QUEUE}?{query}")
+        assert response.status_code == 200
+        pages.append(shown_ids(response))
+        query = response.context["next_query"]
+        if not query:
+            break
+
+    assert [len(page) for page in pages] == [25, 25, 10]
+    expected = [t.pk for t in sorted(tickets, key=lambda t: (t.created_at, t.pk), reverse=True)]
+    assert [pk for page in pages for pk in page] == expected
+
+
+def test_queue_next_link_keeps_the_filters(client):
+    tenant = TenantFactory()
+    for _ in range(26):
+        cheap_ticket(tenant, tool="deploy_release")
+    cheap_ticket(tenant, tool="publish_invoice")
+    client.force_login(member(tenant, Role.VIEWER))
+
+    first = client.get(QUEUE, {"tool": "deploy_release"})
+    second = client.get(f"{QUEUE}?{first.context['next_query']}")
+
+    assert "tool=deploy_release" in first.context["next_query"]
+    assert len(shown_ids(second)) == 1
+    assert second.context["rows"][0]["ticket"].tool_name == "deploy_release"
+
+
+def queries_for(client, url: str) -> int:
+    with CaptureQueriesContext(connection) as captured:
+        assert client.get(url).status_code == 200
+    return len(captured)
+
+
+def test_queue_queries_do_not_grow_with_rows(client, django_assert_num_queries):
+    tenant = TenantFactory()
+    requester = member(tenant, Role.VIEWER)
+    cheap_ticket(tenant, requested_by=requester)
+    client.force_login(member(tenant, Role.APPROVER))
+    at_one = queries_for(client, QUEUE)
+
+    for index in range(49):
+        cheap_ticket(
+            tenant,
+            tool=f"tool_{index % 5}",
+            requested_by=member(tenant, Role.VIEWER),
+            agent_key=("release", "invoice")[index % 2],
+        )
+    with django_assert_num_queries(at_one):
+        response = client.get(QUEUE)
+    assert len(shown_ids(response)) == 25
+
+
+def test_queue_htmx_request_for_rows_returns_the_partial_only(client):
+    tenant = TenantFactory()
+    ticket = cheap_ticket(tenant)
+    client.force_login(member(tenant, Role.VIEWER))
+
+    response = client.get(QUEUE, headers={"HX-Request": "true", "HX-Target": "queue-rows"})
+
+    body = response.content.decode().strip()
+    assert response.status_code == 200
+    assert body.startswith('<div id="queue-rows"')
+    assert body.endswith("</div>")
+    assert "<html" not in body
+    assert 'class="filters"' not in body
+    assert f'id="ticket-row-{ticket.pk}"' in body
+
+
+def test_queue_uses_the_tenant_chosen_in_the_switcher(client):
+    one, two = TenantFactory(), TenantFactory()
+    user = member(one, Role.VIEWER)
+    member(two, Role.VIEWER, username=user.username)
+    cheap_ticket(one)
+    wanted = cheap_ticket(two)
+    client.force_login(user)
+    session = client.session
+    session["console_tenant"] = two.slug
+    session.save()
+
+    chosen = client.get(QUEUE)
+    everything = client.get(f"{QUEUE}?{urlencode({'tenant': ''})}")
+
+    assert shown_ids(chosen) == [wanted.pk]
+    assert len(shown_ids(everything)) == 2

@@ -1,0 +1,238 @@
+"""The ticket page: the exact call, its verified digest, and a diff with the last approval."""
+
+from __future__ import annotations
+
+import pytest
+from django.urls import reverse
+
+from approvals.core.presenters import ArgRow, Change
+from approvals.decisions.decide import decide
+from approvals.models import Role, Ticket
+from tests.support import TenantFactory, member, pending_ticket
+
+pytestmark = pytest.mark.django_db
+
+APPROVE_BUTTON = 'name="decision" value="approve"'
+REJECT_BUTTON = 'name="decision" value="reject"'
+
+
+def page(client, ticket: Ticket, **kwargs):
+    return client.get(reverse("approvals:ticket", args=[ticket.pk]), **kwargs)
+
+
+def test_ticket_shows_the_arguments_table(client):
+    tenant = TenantFactory()
+    ticket = pending_ticket(tenant, requested_by=member(tenant, Role.VIEWER))
+    client.force_login(member(tenant, Role.APPROVER))
+
+    response = page(client, ticket)
+
+    assert response.status_code == 200
+    assert response.context["arguments"] == [
+        ArgRow("environment", "production"),
+        ArgRow("release", "2026.07.24"),
+    ]
+    body = response.content.decode()
+    assert '<th scope="row">release</th>' in body
+    assert "<code>2026.07.24</code>" in body
+    assert '<span class="tool">deploy_release</span>' in body
+
+
+def test_ticket_digest_verified_against_the_stored_state(client):
+    tenant = TenantFactory()
+    ticket = pending_ticket(tenant, requested_by=member(tenant, Role.VIEWER))
+    client.force_login(member(tenant, Role.APPROVER))
+
+    response = page(client, ticket)
+
+    assert response.context["check"].ok is True
+    body = response.content.decode()
+    assert "<strong>Digest verified.</strong>" in body
+    assert f"sha256:{ticket.arguments_digest}" in body
+    assert APPROVE_BUTTON in body
+    assert REJECT_BUTTON in body
+
+
+def test_ticket_first_call_of_a_tool_has_nothing_to_compare_with(client):
+    tenant = TenantFactory()
+    ticket = pending_ticket(tenant, requested_by=member(tenant, Role.VIEWER))
+    client.force_login(member(tenant, Role.APPROVER))
+
+    response = page(client, ticket)
+
+    assert response.context["previous"] is None
+    assert "nothing to compare with" in response.content.decode()
+
+
+def test_ticket_diff_against_the_last_approved_call_of_the_same_tool(client):
+    tenant = TenantFactory()
+    requester = member(tenant, Role.VIEWER)
+    approver = member(tenant, Role.APPROVER)
+    earlier = pending_ticket(tenant, requested_by=requester)
+    decide(earlier, user=approver, approve=True)
+    ticket = pending_ticket(
+        tenant, requested_by=requester, prompt="Deploy release 2026.07.25 to production"
+    )
+    client.force_login(approver)
+
+    response = page(client, ticket)
+
+    assert response.context["previous"] == earlier
+    assert response.context["changes"] == [Change("release", "changed", "2026.07.24", "2026.07.25")]
+    body = response.content.decode()
+    assert "<del>2026.07.24</del> → <ins>2026.07.25</ins>" in body
+    assert f"approved by {approver.username}" in body
+
+
+def test_ticket_diff_ignores_approvals_in_another_tenant(client):
+    tenant, other = TenantFactory(), TenantFactory()
+    foreign = pending_ticket(other, requested_by=member(other, Role.VIEWER))
+    decide(foreign, user=member(other, Role.APPROVER), approve=True)
+    ticket = pending_ticket(tenant, requested_by=member(tenant, Role.VIEWER))
+    client.force_login(member(tenant, Role.APPROVER))
+
+    response = page(client, ticket)
+
+    assert response.context["previous"] is None
+
+
+def test_ticket_of_another_tenant_is_404(client):
+    tenant, other = TenantFactory(), TenantFactory()
+    ticket = pending_ticket(tenant)
+    client.force_login(member(other, Role.ADMIN))
+
+    response = page(client, ticket)
+
+    assert response.status_code == 404
+
+
+def test_ticket_forged_id_is_404(client):
+    client.force_login(member(TenantFactory(), Role.ADMIN))
+
+    response = client.get(reverse("approvals:ticket", args=[999999]))
+
+    assert response.status_code == 404
+
+
+def test_ticket_requester_sees_reject_but_no_approve_button(client):
+    tenant = TenantFactory()
+    requester = member(tenant, Role.APPROVER)
+    ticket = pending_ticket(tenant, requested_by=requester)
+    client.force_login(requester)
+
+    response = page(client, ticket)
+
+    body = response.content.decode()
+    assert response.context["may_approve"] is False
+    assert APPROVE_BUTTON not in body
+    assert REJECT_BUTTON in body
+    assert "You requested this call, so someone else must approve it." in body
+
+
+def test_ticket_viewer_sees_no_decision_form(client):
+    tenant = TenantFactory()
+    ticket = pending_ticket(tenant)
+    client.force_login(member(tenant, Role.VIEWER))
+
+    response = page(client, ticket)
+
+    body = response.content.decode()
+    assert response.status_code == 200
+    assert 'id="decide-form"' not in body
+    assert APPROVE_BUTTON not in body
+    assert "Your role (viewer) can view tickets but not decide them." in body
+
+
+def test_ticket_auditor_sees_no_decision_form(client):
+    tenant = TenantFactory()
+    ticket = pending_ticket(tenant)
+    client.force_login(member(tenant, Role.AUDITOR))
+
+    response = page(client, ticket)
+
+    assert 'id="decide-form"' not in response.content.decode()
+
+
+def test_ticket_tampered_digest_shows_the_mismatch_and_no_approve_button(client):
+    tenant = TenantFactory()
+    ticket = pending_ticket(tenant, requested_by=member(tenant, Role.VIEWER))
+    Ticket.objects.filter(pk=ticket.pk).update(arguments_digest="f" * 64)
+    client.force_login(member(tenant, Role.APPROVER))
+
+    response = page(client, ticket)
+
+    body = response.content.decode()
+    assert response.context["check"].ok is False
+    assert "Digest mismatch: approval is disabled." in body
+    assert "f" * 64 in body
+    assert APPROVE_BUTTON not in body
+
+
+def test_ticket_tampered_arguments_show_which_fields_differ(client):
+    tenant = TenantFactory()
+    ticket = pending_ticket(tenant, requested_by=member(tenant, Role.VIEWER))
+    Ticket.objects.filter(pk=ticket.pk).update(
+        arguments_json='{"environment":"staging","release":"2026.07.24"}',
+        arguments_digest="f" * 64,
+    )
+    client.force_login(member(tenant, Role.APPROVER))
+
+    response = page(client, ticket)
+
+    assert response.context["check"].differences == [
+        Change("environment", "changed", "staging", "production")
+    ]
+    assert "<del>staging</del> <ins>production</ins>" in response.content.decode()
+
+
+def test_ticket_tampered_digest_still_offers_reject(client):
+    # The page tells the approver to "Reject it", and the decide view accepts a rejection.
+    tenant = TenantFactory()
+    ticket = pending_ticket(tenant, requested_by=member(tenant, Role.VIEWER))
+    Ticket.objects.filter(pk=ticket.pk).update(arguments_digest="f" * 64)
+    client.force_login(member(tenant, Role.APPROVER))
+
+    response = page(client, ticket)
+
+    body = response.content.decode()
+    assert "Approval is disabled: the arguments do not verify." in body
+    assert REJECT_BUTTON in body
+    assert 'value="approve"' not in body
+
+
+def test_ticket_decided_shows_who_decided(client):
+    tenant = TenantFactory()
+    ticket = pending_ticket(tenant, requested_by=member(tenant, Role.VIEWER))
+    approver = member(tenant, Role.APPROVER, username="carol")
+    decide(ticket, user=approver, approve=False, message="Not today.")
+    client.force_login(approver)
+
+    response = page(client, ticket)
+
+    body = response.content.decode()
+    assert "<strong>Rejected</strong> by carol at" in body
+    assert "<blockquote>Not today.</blockquote>" in body
+    assert 'id="decide-form"' not in body
+
+
+def test_ticket_htmx_request_for_decision_returns_the_partial_only(client):
+    tenant = TenantFactory()
+    ticket = pending_ticket(tenant, requested_by=member(tenant, Role.VIEWER))
+    client.force_login(member(tenant, Role.APPROVER))
+
+    response = page(client, ticket, headers={"HX-Request": "true", "HX-Target": "decision"})
+
+    body = response.content.decode().strip()
+    assert body.startswith('<section class="card decision" id="decision"')
+    assert "<html" not in body
+    assert APPROVE_BUTTON in body
+
+
+def test_ticket_post_is_refused(client):
+    tenant = TenantFactory()
+    ticket = pending_ticket(tenant)
+    client.force_login(member(tenant, Role.APPROVER))
+
+    response = client.post(reverse("approvals:ticket", args=[ticket.pk]))
+
+    assert response.status_code == 405

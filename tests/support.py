@@ -9,11 +9,15 @@ from collections.abc import Callable
 import factory
 from agents import Agent, Runner
 from agents.testing import ScriptedModel, assistant_message, function_call
+from channels.testing import WebsocketCommunicator
+from django.conf import settings as django_settings
 from django.contrib.auth import get_user_model
+from django.test import Client
 
 from approvals.execution import registry
 from approvals.models import Membership, Role, Run, Tenant, Ticket
 from approvals.runs.pause import pause_run
+from config.asgi import application
 from devtools import demo
 
 PASSWORD = "test-pass-123"
@@ -106,3 +110,22 @@ def wait_until(predicate: Callable[[], object], *, timeout: float, what: str, ev
         if time.monotonic() > deadline:
             raise AssertionError(f"gave up after {timeout:.0f}s waiting for {what}")
         time.sleep(every)
+
+
+# --- the live channel ---------------------------------------------------------------------------
+
+SOCKET_PATH = "/ws/console/"
+ORIGIN = (b"origin", b"http://testserver")
+
+
+def session_cookie(user) -> tuple[bytes, bytes]:
+    """The Cookie header of a signed-in session of the user, for a websocket."""
+    client = Client()
+    client.force_login(user)
+    name = django_settings.SESSION_COOKIE_NAME
+    return (b"cookie", f"{name}={client.cookies[name].value}".encode())
+
+
+def socket(*headers: tuple[bytes, bytes]) -> WebsocketCommunicator:
+    """A websocket to the console's live channel, through the whole ASGI application."""
+    return WebsocketCommunicator(application, SOCKET_PATH, headers=list(headers))

@@ -17,10 +17,9 @@ from approvals.live import tail
 from approvals.models import AuditEvent, Role
 from notifications import deliveries, emails
 from notifications.models import Delivery, DeliveryStatus, Event
-from tests.approvals.test_consumers import ORIGIN, session_cookie, socket
 from tests.notifications.conftest import make_endpoint
 from tests.notifications.test_views import failed_delivery
-from tests.support import TenantFactory, member
+from tests.support import ORIGIN, TenantFactory, member, session_cookie, socket
 
 pytestmark = pytest.mark.django_db
 

@@ -212,7 +212,7 @@ def build_contrary_agent() -> Agent:
 def test_edit_and_approve_other_arguments_make_a_normal_pending_ticket(settings):
     settings.APPROVALS_AGENTS = {
         **settings.APPROVALS_AGENTS,
-        "contrary": {"1": "tests.approvals.test_edit_approve.build_contrary_agent"},
+        "contrary": {"1": "tests.approvals.decisions.test_edit.build_contrary_agent"},
     }
     tenant = TenantFactory()
     approver = member(tenant, Role.APPROVER, username="approver")
@@ -413,7 +413,7 @@ def build_scaler_agent() -> Agent:
 def scaler(settings):
     settings.APPROVALS_AGENTS = {
         **settings.APPROVALS_AGENTS,
-        "scaler": {"1": "tests.approvals.test_edit_approve.build_scaler_agent"},
+        "scaler": {"1": "tests.approvals.decisions.test_edit.build_scaler_agent"},
     }
     tenant = TenantFactory()
     approver = member(tenant, Role.APPROVER, username="approver")

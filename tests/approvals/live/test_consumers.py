@@ -7,19 +7,21 @@ from asgiref.sync import async_to_sync
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
-from django.conf import settings as django_settings
-from django.test import Client
 
 from approvals.decisions import claims
 from approvals.decisions.decide import decide
 from approvals.live import tail
 from approvals.live.consumers import ConsoleConsumer
 from approvals.models import Role, Ticket
-from config.asgi import application
-from tests.support import TenantFactory, member, pending_ticket
-
-PATH = "/ws/console/"
-ORIGIN = (b"origin", b"http://testserver")
+from tests.support import (
+    ORIGIN,
+    SOCKET_PATH,
+    TenantFactory,
+    member,
+    pending_ticket,
+    session_cookie,
+    socket,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -27,17 +29,6 @@ def _fresh_tail(settings, monkeypatch):
     """A quick poll, and a tail of this test's own: a task left by another loop never delivers."""
     settings.APPROVALS_LIVE_POLL_SECONDS = 0.05
     monkeypatch.setattr(tail, "audit_tail", tail.AuditTail())
-
-
-def session_cookie(user) -> tuple[bytes, bytes]:
-    client = Client()
-    client.force_login(user)
-    name = django_settings.SESSION_COOKIE_NAME
-    return (b"cookie", f"{name}={client.cookies[name].value}".encode())
-
-
-def socket(*headers: tuple[bytes, bytes]) -> WebsocketCommunicator:
-    return WebsocketCommunicator(application, PATH, headers=list(headers))
 
 
 def approve(ticket: Ticket, approver) -> None:
@@ -75,7 +66,7 @@ def test_consumer_refuses_an_inactive_user():
     user.save(update_fields=["is_active"])
 
     async def scenario():
-        communicator = WebsocketCommunicator(ConsoleConsumer.as_asgi(), PATH)
+        communicator = WebsocketCommunicator(ConsoleConsumer.as_asgi(), SOCKET_PATH)
         communicator.scope["user"] = user
         connected, _ = await communicator.connect()
         await communicator.disconnect()

@@ -18,10 +18,14 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
+import redis.asyncio as aioredis
+from agents.memory import OpenAIConversationsSession, SQLiteSession
 from django.conf import settings
 from django.db.models import Count, Max, Min
 
+from approvals.execution import sessions as agent_sessions
 from approvals.models import Tenant
 from sessions_admin.models import ConversationRecord, StoredItem, StoredSession
 
@@ -217,8 +221,6 @@ class SQLiteStore:
         return [json.loads(row[0]) for row in rows]
 
     def clear(self, tenant: Tenant, session_id: str) -> int:
-        from agents.memory import SQLiteSession
-
         count = len(self.items(tenant, session_id))
         session = SQLiteSession(session_id, sqlite_path(tenant))
         try:
@@ -245,7 +247,6 @@ class RedisStore:
 
     def _run(self, work):
         """Run work(client) on a client this call owns, closed in finally whatever happens."""
-        import redis.asyncio as aioredis
 
         async def go():
             client = aioredis.from_url(
@@ -325,8 +326,6 @@ def _glob(text: str) -> str:
 
 
 def _safe_url(url: str) -> str:
-    from urllib.parse import urlsplit
-
     parts = urlsplit(url)
     return f"{parts.scheme}://{parts.hostname}:{parts.port or 6379}"
 
@@ -339,9 +338,7 @@ class ConversationsStore:
     label = "OpenAI Conversations"
 
     def _client(self):
-        from approvals.execution.sessions import openai_client
-
-        client = openai_client()
+        client = agent_sessions.openai_client()
         if client is None and not settings.OPENAI_API_KEY:
             raise StoreUnavailable(
                 "OPENAI_API_KEY is not set, so recorded conversations cannot be read"
@@ -364,7 +361,6 @@ class ConversationsStore:
 
     def _call(self, session_id: str, work):
         """work(session) on a conversations session whose client, if this call made it, is closed."""
-        from agents.memory import OpenAIConversationsSession
 
         async def go():
             client = self._client()

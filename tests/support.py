@@ -129,3 +129,19 @@ def session_cookie(user) -> tuple[bytes, bytes]:
 def socket(*headers: tuple[bytes, bytes]) -> WebsocketCommunicator:
     """A websocket to the console's live channel, through the whole ASGI application."""
     return WebsocketCommunicator(application, SOCKET_PATH, headers=list(headers))
+
+
+# --- settings read in a child process -----------------------------------------------------------
+
+# Variables the settings read; a test that starts a process with its own values leaves the
+# parent's out, so nothing leaks into the child.
+SETTINGS_VARIABLES = (
+    "APPROVALS_ENV",
+    "DATABASE_URL",
+    "DJANGO_SECRET_KEY",
+    "APPROVALS_ENCRYPTION_KEYS",
+    "DJANGO_ALLOWED_HOSTS",
+    "DJANGO_DEBUG",
+    "NOTIFICATIONS_ALLOW_PRIVATE_WEBHOOKS",
+    "REDIS_URL",
+)

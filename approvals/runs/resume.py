@@ -25,7 +25,7 @@ from approvals.audit import chain
 from approvals.core import crypto, faults
 from approvals.core.canonical import arguments_digest
 from approvals.core.redaction import redact
-from approvals.decisions import tickets
+from approvals.decisions.tickets import open_tickets
 from approvals.execution import ledger, registry, state
 from approvals.execution.sessions import SessionRef, reopen
 from approvals.execution.state import PauseError
@@ -100,7 +100,7 @@ async def _resume_async(run: Run, tickets: list[Ticket], state_json: dict) -> An
     spec = registry.get_spec(run.agent_key, run.agent_version)
     agent = spec.build()
     try:
-        state = await RunState.from_json(
+        run_state = await RunState.from_json(
             agent,
             state_json,
             context_deserializer=spec.context_deserializer,
@@ -112,7 +112,7 @@ async def _resume_async(run: Run, tickets: list[Ticket], state_json: dict) -> An
         ) from None
 
     by_call_id = {t.tool_call_id: t for t in tickets}
-    interruptions = state.get_interruptions()
+    interruptions = run_state.get_interruptions()
     seen = set()
     for item in interruptions:
         ticket = by_call_id.get(item.call_id or "")
@@ -131,9 +131,9 @@ async def _resume_async(run: Run, tickets: list[Ticket], state_json: dict) -> An
                 "were shown and decided; nothing was run"
             )
         if ticket.status == TicketStatus.APPROVED:
-            state.approve(item, always_approve=ticket.always)
+            run_state.approve(item, always_approve=ticket.always)
         else:
-            state.reject(item, rejection_message=ticket.decision_message or None)
+            run_state.reject(item, rejection_message=ticket.decision_message or None)
     missing = set(by_call_id) - seen
     if missing:
         raise checks.Refusal(f"tickets for calls {sorted(missing)} are not in the stored state")
@@ -165,7 +165,7 @@ async def _resume_async(run: Run, tickets: list[Ticket], state_json: dict) -> An
                         f"the conversation session ({run.session_backend}) cannot be read: "
                         f"{_safe_reason(error)}"
                     ) from None
-            return await Runner.run(agent, state, session=session)
+            return await Runner.run(agent, run_state, session=session)
     finally:
         stop.set()
         await beat
@@ -261,7 +261,7 @@ def _store_new_pause(run: Run, result, spec: registry.AgentSpec) -> bool:
             outcome=RunStatus.PAUSED,
             detail={"tickets": len(result.interruptions), "generation": generation},
         )
-        tickets.open_tickets(
+        open_tickets(
             locked, result.interruptions, requested_by=run.requested_by, now=now, resumed=True
         )
         hints.notify_on_commit(run.tenant_id, "run.changed", run=run.pk, status=RunStatus.PAUSED)

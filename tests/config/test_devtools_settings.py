@@ -13,19 +13,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.support import SETTINGS_VARIABLES
+
 ROOT = Path(__file__).resolve().parent.parent.parent
 KEY = base64.urlsafe_b64encode(b"d" * 32).decode()
-# Variables the settings read; the parent's values must not leak into the subprocess.
-SETTINGS_VARIABLES = (
-    "APPROVALS_ENV",
-    "DATABASE_URL",
-    "DJANGO_SECRET_KEY",
-    "APPROVALS_ENCRYPTION_KEYS",
-    "DJANGO_ALLOWED_HOSTS",
-    "DJANGO_DEBUG",
-    "NOTIFICATIONS_ALLOW_PRIVATE_WEBHOOKS",
-    "REDIS_URL",
-)
 DEVTOOLS_COMMANDS = ("bench", "seed_demo", "webhook_receiver")
 SCRIPT = """
 import json, django

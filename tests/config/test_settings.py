@@ -12,22 +12,12 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 
 from config.env import database_from_url, new_encryption_key, parse_encryption_keys
+from tests.support import SETTINGS_VARIABLES
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 BASE = Path("/srv/console")
 KEY_A = base64.urlsafe_b64encode(b"a" * 32).decode()
 KEY_B = base64.urlsafe_b64encode(b"b" * 32).decode()
-# Variables the settings read; the parent's values must not leak into the subprocess.
-SETTINGS_VARIABLES = (
-    "APPROVALS_ENV",
-    "DATABASE_URL",
-    "DJANGO_SECRET_KEY",
-    "APPROVALS_ENCRYPTION_KEYS",
-    "DJANGO_ALLOWED_HOSTS",
-    "DJANGO_DEBUG",
-    "NOTIFICATIONS_ALLOW_PRIVATE_WEBHOOKS",
-    "REDIS_URL",
-)
 
 
 def _manage_check(**overrides: str | None) -> subprocess.CompletedProcess:

@@ -224,7 +224,7 @@ def fake_api():
 
 @pytest.fixture
 def console_api(fake_api, settings):
-    """The console's own client (approvals.agent_sessions.openai_client) talks to the fake.
+    """The console's own client (approvals.execution.sessions.openai_client) talks to the fake.
 
     OPENAI_API_KEY stays empty: with a key the demo agents would use a real model.
     """

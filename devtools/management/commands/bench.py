@@ -22,7 +22,8 @@ from django.test import Client
 from approvals.models import AuditEvent, Membership, Role, Run, RunStatus, Tenant
 from approvals.runs.resume import resume
 from devtools import processes
-from devtools.bench import clones, database, pages, sdk, stats
+from devtools.bench import clones as cloning
+from devtools.bench import database, pages, sdk, stats
 from devtools.bench import report as bench_report
 from devtools.processes import ConsoleClient
 
@@ -97,7 +98,7 @@ class Command(BaseCommand):
         Membership.objects.create(user=approver, tenant=tenant, role=Role.APPROVER)
         report: dict[str, Any] = {}
 
-        template, template_text = clones.make_template(tenant, requester)
+        template, template_text = cloning.make_template(tenant, requester)
         n_http = options["tickets"]
         n_mem = options["memory_resumes"]
         plan = {
@@ -109,11 +110,11 @@ class Command(BaseCommand):
             "death": 300,
             "profile": 150,
         }
-        groups: dict[str, list[clones.Clone]] = {}
+        groups: dict[str, list[cloning.Clone]] = {}
         t0 = time.monotonic()
         for key, count in plan.items():
             releases = [f"2026.03.03-{key.replace('_', '')}{n:05d}" for n in range(count)]
-            groups[key] = clones.clone_runs(template, template_text, tenant, requester, releases)
+            groups[key] = cloning.clone_runs(template, template_text, tenant, requester, releases)
         self.say(f"{sum(plan.values())} paused runs cloned in {time.monotonic() - t0:.1f}s")
 
         # 5. pause_run against a bare to_json
@@ -131,14 +132,14 @@ class Command(BaseCommand):
         # Profile of the in-process resume path (the worker's code, without the task queue).
         if not options["skip_profile"]:
             chunk = groups["profile"]
-            clones.approve_in_bulk(chunk, approver, enqueue=False)
+            cloning.approve_in_bulk(chunk, approver, enqueue=False)
             t0 = time.monotonic()
             text = stats.profile(
                 lambda: [resume(run_id=c.run_id, worker_id="profile") for c in chunk]
             )
             (out_dir / "profile-resume.txt").write_text(text)
             report["profile_resume_ms_each"] = round((time.monotonic() - t0) * 1000 / len(chunk), 2)
-            report["profile_resume_statuses"] = clones.statuses([c.run_id for c in chunk])
+            report["profile_resume_statuses"] = cloning.statuses([c.run_id for c in chunk])
             self.say("resume path profiled")
 
         # 1 + 2. approve to completed over HTTP: 2 web processes, 2 workers, Redis channel layer
@@ -198,8 +199,8 @@ class Command(BaseCommand):
             "approve_to_completed_ms": stats.summary_ms(completions[warm:]),
             "decision_ms": stats.summary_ms(decisions[warm:]),
             "http_statuses": {str(s): statuses.count(s) for s in set(statuses)},
-            "http_runs": clones.statuses(run_ids),
-            "http_exactly_once": clones.exactly_once(c.release for c in clones),
+            "http_runs": cloning.statuses(run_ids),
+            "http_exactly_once": cloning.exactly_once(c.release for c in clones),
             "http_web_processes": len(webs),
             "http_workers": len(workers),
             "http_channel_layer": "redis" if redis_url else "in-memory",
@@ -224,21 +225,21 @@ class Command(BaseCommand):
         for workers_n, key in ((2, "w2"), (4, "w4")):
             chunk = groups[key]
             ids = [c.run_id for c in chunk]
-            clones.approve_in_bulk(chunk, approver)
+            cloning.approve_in_bulk(chunk, approver)
             before = database.sessions_opened()
             workers = [procs.start("worker", "worker", "--interval", "1") for _ in range(workers_n)]
-            clones.wait_finished(ids, timeout=300, procs=workers)
+            cloning.wait_finished(ids, timeout=300, procs=workers)
             after = database.sessions_opened()
             for proc in workers:
                 procs.stop(proc)
-            span = clones.span_seconds(ids)
-            once = clones.exactly_once(c.release for c in chunk)
+            span = cloning.span_seconds(ids)
+            once = cloning.exactly_once(c.release for c in chunk)
             duplicates += once["duplicates"]
             per_s[f"workers_{workers_n}"] = round(len(ids) / span, 1)
             detail[f"workers_{workers_n}"] = {
                 "runs": len(ids),
                 "seconds": round(span, 2),
-                "statuses": clones.statuses(ids),
+                "statuses": cloning.statuses(ids),
                 **once,
                 "db_connections_per_resume": round((after - before) / len(ids), 2),
             }
@@ -246,34 +247,34 @@ class Command(BaseCommand):
 
         # One worker: 500 resumes, its RSS; then the rest (to 5,000 in all), its RSS again.
         first, rest = groups["mem_a"], groups["mem_b"]
-        clones.approve_in_bulk(first, approver)
+        cloning.approve_in_bulk(first, approver)
         worker = procs.start("worker", "worker", "--interval", "1")
         time.sleep(0.5)
         rss_start = worker.rss_kib()
-        clones.wait_finished([c.run_id for c in first], timeout=300, procs=[worker])
+        cloning.wait_finished([c.run_id for c in first], timeout=300, procs=[worker])
         rss_500 = worker.rss_kib()
-        span = clones.span_seconds([c.run_id for c in first])
+        span = cloning.span_seconds([c.run_id for c in first])
         per_s["workers_1"] = round(len(first) / span, 1)
-        once_a = clones.exactly_once(c.release for c in first)
+        once_a = cloning.exactly_once(c.release for c in first)
         self.say(f"1 worker: {per_s['workers_1']} resumes/s; RSS {rss_500} KiB after 500")
         samples = [(500, rss_500)]
         step = 1000
         for start in range(0, len(rest), step):
             part = rest[start : start + step]
-            clones.approve_in_bulk(part, approver)
-            clones.wait_finished([c.run_id for c in part], timeout=600, procs=[worker])
+            cloning.approve_in_bulk(part, approver)
+            cloning.wait_finished([c.run_id for c in part], timeout=600, procs=[worker])
             samples.append((500 + start + len(part), worker.rss_kib()))
         rss_end = samples[-1][1]
-        span_rest = clones.span_seconds([c.run_id for c in rest])
+        span_rest = cloning.span_seconds([c.run_id for c in rest])
         procs.stop(worker)
-        once_b = clones.exactly_once(c.release for c in rest)
+        once_b = cloning.exactly_once(c.release for c in rest)
         duplicates += once_a["duplicates"] + once_b["duplicates"]
         all_ids = [c.run_id for c in first + rest]
         detail["workers_1"] = {
             "runs": len(first),
             "seconds": round(span, 2),
             **once_a,
-            "statuses": clones.statuses([c.run_id for c in first]),
+            "statuses": cloning.statuses([c.run_id for c in first]),
             "later_runs": len(rest),
             "later_per_s": round(len(rest) / span_rest, 1),
             "later": once_b,
@@ -291,7 +292,7 @@ class Command(BaseCommand):
                 "samples": samples,
             },
             "worker_rss_growth_pct": round(growth, 1),
-            "worker_memory_statuses": clones.statuses(all_ids),
+            "worker_memory_statuses": cloning.statuses(all_ids),
         }
 
     # --- several workers, one dies ------------------------------------------------------------
@@ -303,22 +304,22 @@ class Command(BaseCommand):
             **({"REDIS_URL": settings.REDIS_URL} if settings.REDIS_URL else {}),
         )
         ids = [c.run_id for c in clones]
-        clones.approve_in_bulk(clones, approver)
+        cloning.approve_in_bulk(clones, approver)
         victim = procs.start("worker", "worker", "--interval", "1", env=env)
         survivor = procs.start("worker", "worker", "--interval", "1", env=env)
-        while clones.finished_count(ids) < len(ids) // 3:
+        while cloning.finished_count(ids) < len(ids) // 3:
             time.sleep(0.01)
         procs.stop(victim, kill=True)
         killed_at = time.monotonic()
-        finished = clones.wait_finished(ids, timeout=300, procs=[survivor])
+        finished = cloning.wait_finished(ids, timeout=300, procs=[survivor])
         procs.stop(survivor)
-        once = clones.exactly_once(c.release for c in clones)
+        once = cloning.exactly_once(c.release for c in clones)
         requeued = AuditEvent.objects.filter(action="run.requeued", run_id__in=ids).count()
         result = {
             "runs": len(ids),
             "killed_after_finished": len(ids) // 3,
             "seconds_to_finish_after_kill": round(finished - killed_at, 2),
-            "statuses": clones.statuses(ids),
+            "statuses": cloning.statuses(ids),
             "requeued_by_reaper": requeued,
             **once,
         }

@@ -76,6 +76,26 @@ def paused_run(
     )
 
 
+def calling_agent(arguments: str | dict, *, tool: str = "deploy_release") -> Agent:
+    """The release agent's tools, with a model that makes one call with exactly these arguments
+    (a string is sent as the model wrote it) and then says it is done."""
+    return Agent(
+        name="release",
+        model=ScriptedModel(
+            [[function_call(tool, arguments, call_id="call_1")], [assistant_message("done")]]
+        ),
+        tools=[demo.deploy_release, demo.publish_invoice],
+    )
+
+
+def paused_call(tenant: Tenant, arguments: str | dict, *, requested_by=None) -> Run:
+    """A release run paused on one call with exactly these arguments."""
+    result = run_agent("release", "Deploy", agent=calling_agent(arguments))
+    return pause_run(
+        result, tenant=tenant, agent_key="release", agent_version="1", requested_by=requested_by
+    )
+
+
 def two_call_agent() -> Agent:
     """The release agent's tools, with a model that asks for both deployments in one turn."""
     calls = [

@@ -50,6 +50,12 @@ _ACTIONS = [
         notify="ticket.decided",
     ),
     Action("ticket.expired", "Ticket expired", TICKET_DECIDED, notify="ticket.expired"),
+    Action(
+        "ticket.malformed",
+        "Rejected: the call does not fit its tool",
+        TICKET_DECIDED,
+        notify="ticket.decided",
+    ),
     Action("ticket.vote", "Approval counted towards the quorum", TICKET_CHANGED),
     Action("ticket.votes_invalidated", "Approvals invalidated by a policy change", TICKET_CHANGED),
     Action("ticket.escalated", "Escalated", TICKET_CHANGED, notify="ticket.escalated"),

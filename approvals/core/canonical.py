@@ -24,6 +24,10 @@ def _refuse_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return result
 
 
+# The key under which arguments that are not one JSON object with unique keys are kept verbatim.
+UNPARSED = "__unparsed__"
+
+
 def canonical_json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
@@ -38,8 +42,9 @@ def parse_arguments(raw: str | None) -> Any:
         return {}
     try:
         return json.loads(raw, object_pairs_hook=_refuse_duplicates)
-    except ValueError:
-        return {"__unparsed__": raw}
+    except (ValueError, RecursionError):
+        # RecursionError: nested deeper than the parser goes; kept as text, never run as parsed.
+        return {UNPARSED: raw}
 
 
 def canonical_arguments(raw: str | None) -> str:

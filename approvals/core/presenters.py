@@ -6,7 +6,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from approvals.core import reading
 from approvals.core.canonical import canonical_arguments
+from approvals.core.redaction import mask_secrets
 
 FOLD_AT = 160
 
@@ -22,11 +24,17 @@ class Entry:
 
 @dataclass(frozen=True)
 class ArgRow:
+    """One row of an arguments table, as a person reads it: nothing cut, nothing invisible."""
+
     path: str
-    value: str
+    value: str  # strings quoted, numbers, booleans and null as themselves; escapes visible
+    kind: str = "text"  # text, number, boolean, null, object, list
     depth: int = 0
-    folded: bool = False
     is_container: bool = False
+    flagged: bool = False
+    # A long value shows its first FOLD_AT characters and says how many more there are.
+    head: str = ""
+    more: int = 0
 
 
 def _text_of(content: Any) -> str:
@@ -41,23 +49,58 @@ def _text_of(content: Any) -> str:
     return ""
 
 
-def argument_rows(value: Any, path: str = "", depth: int = 0) -> list[ArgRow]:
-    """Rows of a table: nested values expanded under their parent, long strings folded."""
-    rows: list[ArgRow] = []
+def kind_of(value: Any) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    if value is None:
+        return "null"
+    if isinstance(value, int | float):
+        return "number"
     if isinstance(value, dict):
+        return "object"
+    if isinstance(value, list):
+        return "list"
+    return "text"
+
+
+def shown(value: Any) -> str:
+    """A scalar as JSON writes it (a string in quotes), with invisible characters escaped: text,
+    numbers, booleans and null never read alike."""
+    if isinstance(value, dict | list) and not value:
+        return "{}" if isinstance(value, dict) else "[]"
+    return reading.escape(json.dumps(value, ensure_ascii=False))
+
+
+def argument_rows(value: Any, path: str = "", depth: int = 0) -> list[ArgRow]:
+    """Rows of a table: nested values as nested rows under their parent, every value whole."""
+    rows: list[ArgRow] = []
+    if isinstance(value, dict) and value:
         if path:
-            rows.append(ArgRow(path, f"{len(value)} fields", depth, is_container=True))
+            rows.append(ArgRow(path, f"{len(value)} fields", "object", depth, is_container=True))
         for key in value:
-            child = f"{path}.{key}" if path else str(key)
+            child = reading.join_path(path, key)
             rows.extend(argument_rows(value[key], child, depth + (1 if path else 0)))
         return rows
-    if isinstance(value, list):
-        rows.append(ArgRow(path or "(list)", f"{len(value)} items", depth, is_container=True))
+    if isinstance(value, list) and value:
+        rows.append(
+            ArgRow(path or "(list)", f"{len(value)} items", "list", depth, is_container=True)
+        )
         for index, item in enumerate(value):
             rows.extend(argument_rows(item, f"{path}[{index}]", depth + 1))
         return rows
-    text = value if isinstance(value, str) else json.dumps(value)
-    return [ArgRow(path or "(value)", text, depth, folded=len(text) > FOLD_AT)]
+    text = shown(value)
+    long = len(text) > FOLD_AT
+    return [
+        ArgRow(
+            path or "(value)",
+            text,
+            kind_of(value),
+            depth,
+            flagged=bool(reading.flags_of(value) or reading.flags_in(path, path)),
+            head=text[:FOLD_AT] if long else "",
+            more=len(text) - FOLD_AT if long else 0,
+        )
+    ]
 
 
 def arguments_rows_from_json(arguments_json: str) -> list[ArgRow]:
@@ -65,24 +108,33 @@ def arguments_rows_from_json(arguments_json: str) -> list[ArgRow]:
 
 
 def summary(arguments_json: str, limit: int = 90) -> str:
-    """One line: key=value pairs of the top level."""
+    """One line of the top level, key=value, cut only with a count of what is not shown."""
     try:
         value = json.loads(arguments_json)
     except ValueError:
-        return arguments_json[:limit]
+        value = arguments_json
     if isinstance(value, dict):
-        parts = []
-        for key, item in value.items():
-            shown = item if isinstance(item, str) else json.dumps(item)
-            parts.append(f"{key}={shown}")
-        text = ", ".join(parts)
+        text = ", ".join(f"{reading.join_path('', k)}={shown(v)}" for k, v in value.items())
     else:
-        text = json.dumps(value)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+        text = shown(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]} … {len(text) - limit} more characters"
 
 
 def transcript(state_json: dict) -> list[Entry]:
-    """The run's conversation so far, from its stored state."""
+    """The run's conversation so far, from its stored state; secret-looking text masked, as the
+    run's title is."""
+    return [_masked(entry) for entry in _transcript(state_json)]
+
+
+def _masked(entry: Entry) -> Entry:
+    if not entry.text:
+        return entry
+    return Entry(entry.kind, mask_secrets(entry.text), entry.tool, entry.call_id, entry.arguments)
+
+
+def _transcript(state_json: dict) -> list[Entry]:
     entries: list[Entry] = []
     original = state_json.get("original_input")
     if isinstance(original, str):
@@ -163,21 +215,24 @@ class Change:
 
 
 def _flatten(value: Any, path: str = "") -> dict[str, str]:
+    """Each leaf by its unambiguous path, shown with its type: {"x": {"y": "1"}} and
+    {"x.y": 1} share no path, and "[]" (text) is not [] (an empty list)."""
     if isinstance(value, dict) and value:
         flat: dict[str, str] = {}
         for key, item in value.items():
-            flat.update(_flatten(item, f"{path}.{key}" if path else str(key)))
+            flat.update(_flatten(item, reading.join_path(path, key)))
         return flat
     if isinstance(value, list) and value:
         flat = {}
         for index, item in enumerate(value):
             flat.update(_flatten(item, f"{path}[{index}]"))
         return flat
-    return {path or "(value)": value if isinstance(value, str) else json.dumps(value)}
+    return {path or "(value)": shown(value)}
 
 
 def diff(before: Any, after: Any) -> list[Change]:
-    """Field-level changes from before to after: added, removed and changed leaves."""
+    """Field-level changes from before to after: added, removed and changed leaves, where a
+    change of type or of structure is a change."""
     old, new = _flatten(before), _flatten(after)
     changes = []
     for path in sorted(old.keys() | new.keys()):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from approvals import transitions
 from approvals.audit import chain
-from approvals.decisions import decide, preauth
+from approvals.decisions import calls, decide, preauth
 from approvals.execution import queue
 from approvals.live import hints
 from approvals.models import (
@@ -15,7 +15,9 @@ from approvals.models import (
 from approvals.policies import quorum, rules, scopes
 
 
-def decide_automatically(run: Run, tickets: list[Ticket], *, now, preauthorised: bool) -> None:
+def decide_automatically(
+    run: Run, tickets: list[Ticket], *, now, preauthorised: bool, queue_anyway: bool = False
+) -> None:
     """Offer each new ticket to the automatic deciders; queue the run if none is left pending.
 
     The policy's rules on argument values come first: a call a rule rejects is rejected even if
@@ -24,14 +26,20 @@ def decide_automatically(run: Run, tickets: list[Ticket], *, now, preauthorised:
     when one approval is enough and is one vote towards a larger quorum otherwise (where an
     approving rule, if any, still decides). Runs inside the caller's transaction, with the run
     row written (and locked when resuming).
+
+    A flagged call (decisions.calls) is never approved here: a rule may reject it, but an
+    approval, by rule or by pre-authorisation, needs a person who saw the flags on its page.
+    queue_anyway: the caller decided tickets of this run itself (malformed calls).
     """
-    decided, by_person = False, None
+    decided, by_person = queue_anyway, None
     for ticket in tickets:
         policy = scopes.policy_of(ticket)
         choice = rules.automatic_decision(policy, ticket.arguments_json)
         if choice is not None and not choice.approve:
             record_automatic(ticket, choice, now=now)
             decided = True
+            continue
+        if calls.is_flagged(ticket):
             continue
         pre = preauth.candidate(run, ticket, now=now) if preauthorised else None
         if (

@@ -9,10 +9,11 @@ from django.utils import timezone
 
 from approvals import members, transitions
 from approvals.audit import chain
-from approvals.decisions import digest
+from approvals.decisions import calls, digest
 from approvals.decisions.errors import (
     AlreadyDecidedError,
     AlreadyVotedError,
+    FlaggedCallError,
     InvalidDecisionError,
     NotAllowedError,
     SelfApprovalError,
@@ -83,7 +84,13 @@ def compare_and_set(
 
 
 def decide(
-    ticket: Ticket, *, user, approve: bool, message: str = "", always: bool = False
+    ticket: Ticket,
+    *,
+    user,
+    approve: bool,
+    message: str = "",
+    always: bool = False,
+    flags_seen: bool = False,
 ) -> Ticket:
     """Approve or reject a pending ticket under its policy.
 
@@ -97,7 +104,8 @@ def decide(
     after commit, live hints. Raises TicketNotFoundError (not the user's tenant),
     NotAllowedError, SelfApprovalError, DigestMismatchError (the stored call is not the one the
     ticket shows), AlreadyVotedError, TicketExpiredError, AlreadyDecidedError or
-    InvalidDecisionError, having written nothing.
+    InvalidDecisionError, having written nothing. FlaggedCallError: a flagged call is approved
+    only by a person who was shown its flags (flags_seen, from the ticket page).
     """
     message = checked_message(message)
     if always and not approve:
@@ -106,6 +114,11 @@ def decide(
     if approve and ticket.is_pending:
         # The digest is checked when shown and again now: what is approved is what will run.
         digest.require_verified(ticket)
+        if not flags_seen and calls.is_flagged(ticket):
+            raise FlaggedCallError(
+                "this call holds invisible characters or look-alike letters; approve it from "
+                "its own ticket page, where they are shown"
+            )
     with transaction.atomic():
         # The run's lock orders decisions on one run, so exactly one of them sees "all decided".
         # Only what is read here: the row also holds the state blob, which need not travel.

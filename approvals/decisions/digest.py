@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass, field
 
 from approvals.core import crypto, presenters
-from approvals.core.canonical import arguments_digest, canonical_arguments
+from approvals.core.canonical import arguments_digest, canonical_arguments, sha256_hex
 from approvals.decisions.errors import DigestMismatchError
 from approvals.execution import state
 from approvals.models import Run, Ticket
@@ -27,14 +27,24 @@ def read_state(run: Run) -> tuple[dict | None, str]:
         return None, "the stored state is not valid JSON"
 
 
-def stored_call_arguments(state_json: dict, call_id: str) -> str | None:
-    """The raw argument string of the pending call with this id, as the worker will run it."""
+def stored_call(state_json: dict, call_id: str) -> tuple[str | None, set[str]] | None:
+    """The raw argument string of the pending call with this id, as the worker will run it, and
+    the names the state gives its tool; None when the state has no such pending call."""
     for item in state_json.get("generated_items") or []:
         if item.get("type") == "tool_approval_item":
             raw = item.get("raw_item") or {}
             if raw.get("call_id") == call_id:
-                return raw.get("arguments")
+                names = {str(n) for n in (raw.get("name"), item.get("tool_name")) if n}
+                if item.get("tool_namespace") and item.get("tool_name"):
+                    names.add(f"{item['tool_namespace']}.{item['tool_name']}")
+                return raw.get("arguments"), names
     return None
+
+
+def stored_call_arguments(state_json: dict, call_id: str) -> str | None:
+    """The raw argument string of the pending call with this id, as the worker will run it."""
+    found = stored_call(state_json, call_id)
+    return found[0] if found else None
 
 
 @dataclass(frozen=True)
@@ -44,6 +54,9 @@ class DigestCheck:
     stored_digest: str = ""
     problem: str = ""
     differences: list[presenters.Change] = field(default_factory=list)
+    # The call as the stored state holds it (canonical JSON), when the state could be read: the
+    # page shows this, not the ticket's copy, so what is shown is what the digest covers.
+    arguments_json: str = ""
 
 
 def check_digest(ticket, state_json: dict | None, problem: str = "") -> DigestCheck:
@@ -52,24 +65,47 @@ def check_digest(ticket, state_json: dict | None, problem: str = "") -> DigestCh
         return DigestCheck(
             False, "", ticket.arguments_digest, problem or "the stored state cannot be read"
         )
-    raw = stored_call_arguments(state_json, ticket.tool_call_id)
-    if raw is None:
+    found = stored_call(state_json, ticket.tool_call_id)
+    if found is None:
         return DigestCheck(
             False,
             "",
             ticket.arguments_digest,
             "the stored state has no pending call for this ticket",
         )
+    raw, names = found
     digest = arguments_digest(raw)
-    if digest == ticket.arguments_digest:
-        return DigestCheck(True, digest, ticket.arguments_digest)
-    return DigestCheck(
-        False,
-        digest,
-        ticket.arguments_digest,
-        "the arguments in the stored state differ from those recorded on the ticket",
-        presenters.diff(json.loads(ticket.arguments_json), json.loads(canonical_arguments(raw))),
-    )
+    stored = canonical_arguments(raw)
+    if ticket.tool_name not in names:
+        return DigestCheck(
+            False,
+            digest,
+            ticket.arguments_digest,
+            f"the stored state calls {', '.join(sorted(names)) or 'no tool'}, not "
+            f"{ticket.tool_name} as recorded on the ticket",
+            arguments_json=stored,
+        )
+    if digest != ticket.arguments_digest:
+        return DigestCheck(
+            False,
+            digest,
+            ticket.arguments_digest,
+            "the arguments in the stored state differ from those recorded on the ticket",
+            presenters.diff(json.loads(ticket.arguments_json), json.loads(stored)),
+            arguments_json=stored,
+        )
+    if stored != ticket.arguments_json:
+        # The digest matches the state but the ticket's copy, which lists show, was changed.
+        return DigestCheck(
+            False,
+            digest,
+            ticket.arguments_digest,
+            "the ticket's copy of the arguments differs from the stored state (an integrity "
+            "error: someone changed the database)",
+            presenters.diff(json.loads(ticket.arguments_json), json.loads(stored)),
+            arguments_json=stored,
+        )
+    return DigestCheck(True, digest, ticket.arguments_digest, arguments_json=stored)
 
 
 def verify(ticket: Ticket) -> DigestCheck:
@@ -83,3 +119,9 @@ def require_verified(ticket: Ticket) -> None:
     check = verify(ticket)
     if not check.ok:
         raise DigestMismatchError(f"not approved: {check.problem}")
+
+
+def copy_is_intact(ticket: Ticket) -> bool:
+    """The ticket's copy of the arguments still has its recorded digest: what lists show (the
+    queue, the batch) is what the digest covers. Cheap: no state to open."""
+    return sha256_hex(ticket.arguments_json) == ticket.arguments_digest

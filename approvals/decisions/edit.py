@@ -11,13 +11,10 @@ from typing import Any
 
 from django.db import transaction
 from django.utils import timezone
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import ValidationError
-from jsonschema.validators import validator_for
 
 from approvals.audit import chain
 from approvals.core.canonical import arguments_digest, canonical_json
-from approvals.decisions import decide, preauth
+from approvals.decisions import calls, decide, preauth
 from approvals.decisions.errors import (
     InvalidArgumentsError,
     InvalidDecisionError,
@@ -47,137 +44,13 @@ _CORRECTION_LEAD = re.compile(
 NOTE_LEAD = "Note from the approver: "
 
 
-def find_tool(agent: Any, tool_name: str) -> Any | None:
-    """The function tool called tool_name in the agent or any agent it hands off to."""
-    stack, seen = [agent], set()
-    while stack:
-        current = stack.pop()
-        if id(current) in seen:
-            continue
-        seen.add(id(current))
-        for tool in getattr(current, "tools", []) or []:
-            names = {getattr(tool, "name", None), getattr(tool, "qualified_name", None)}
-            if tool_name in names and isinstance(getattr(tool, "params_json_schema", None), dict):
-                return tool
-        for handoff in getattr(current, "handoffs", []) or []:
-            target = handoff if hasattr(handoff, "tools") else getattr(handoff, "agent", None)
-            if target is not None:
-                stack.append(target)
-    return None
-
-
 def tool_for(run: Run, tool_name: str) -> Any | None:
     """The tool as the run's deployed agent version defines it, or None when it cannot be built."""
     try:
         agent = registry.get_spec(run.agent_key, run.agent_version).build()
     except Exception:
         return None
-    return find_tool(agent, tool_name)
-
-
-@dataclass(frozen=True)
-class Problem:
-    """One thing to fix: the top-level argument it concerns (None: the whole call; unknown:
-    arguments the tool does not take)."""
-
-    argument: str | None
-    message: str
-    unknown: bool = False
-
-
-_TYPE_WORDS = {
-    "string": "text",
-    "integer": "a whole number",
-    "number": "a number",
-    "boolean": "true or false",
-    "object": "a JSON object",
-    "array": "a JSON list",
-    "null": "null",
-}
-
-
-def _as_list(value: Any) -> list:
-    return value if isinstance(value, list) else [value]
-
-
-def _shown(instance: Any) -> str:
-    got = json.dumps(instance, ensure_ascii=False)
-    return got if len(got) <= 80 else got[:79] + "…"
-
-
-def _describe_types(types: list, instance: Any) -> str:
-    words = " or ".join(dict.fromkeys(_TYPE_WORDS.get(str(t), str(t)) for t in types))
-    return f"Must be {words}, not {_shown(instance)}."
-
-
-def _describe(error: ValidationError) -> str:
-    got = _shown(error.instance)
-    kind = error.validator
-    value = error.validator_value
-    if kind == "type":
-        return _describe_types(_as_list(value), error.instance)
-    if kind == "enum":
-        return "Must be one of " + ", ".join(json.dumps(v) for v in value) + f", not {got}."
-    if kind == "const":
-        return f"Must be {json.dumps(value)}, not {got}."
-    if kind in {"minimum", "exclusiveMinimum"}:
-        return f"Must be at least {value}{' (exclusive)' if kind.startswith('exclusive') else ''}."
-    if kind in {"maximum", "exclusiveMaximum"}:
-        return f"Must be at most {value}{' (exclusive)' if kind.startswith('exclusive') else ''}."
-    if kind == "minLength":
-        return f"Must be at least {value} characters long."
-    if kind == "maxLength":
-        return f"Must be at most {value} characters long."
-    if kind == "pattern":
-        return f"Must match the pattern {value}."
-    return error.message[:1].upper() + error.message[1:].rstrip(".") + "."
-
-
-def schema_problems(schema: dict, arguments: Any) -> list[Problem]:
-    """What is wrong with arguments under the tool's JSON schema; empty when they fit."""
-    cls = validator_for(schema, default=Draft202012Validator)
-    validator = cls(schema)
-    problems: list[Problem] = []
-    for error in sorted(validator.iter_errors(arguments), key=lambda e: list(map(str, e.path))):
-        path = list(error.path)
-        if error.validator == "required" and not path and isinstance(error.instance, dict):
-            for name in error.validator_value:
-                if name not in error.instance:
-                    problems.append(Problem(str(name), "This argument is required."))
-            continue
-        if error.validator == "additionalProperties" and not path:
-            allowed = set((schema.get("properties") or {}).keys())
-            extra = sorted(str(k) for k in error.instance if k not in allowed)
-            problems.append(
-                Problem(
-                    None,
-                    "The tool takes no argument called "
-                    + ", ".join(repr(k) for k in extra)
-                    + (f"; it takes {', '.join(sorted(allowed))}." if allowed else "."),
-                    unknown=True,
-                )
-            )
-            continue
-        if error.validator in {"anyOf", "oneOf"} and error.context:
-            # Optional[...] and unions: an alternative of the value's own type says what is
-            # wrong inside it; when no alternative has its type, name the types it may have.
-            inside = [e for e in error.context if e.validator != "type" or e.relative_path]
-            if inside:
-                error = max(inside, key=lambda e: len(e.relative_path))
-                path = list(error.absolute_path)
-            else:
-                types = [t for e in error.context for t in _as_list(e.validator_value)]
-                message = _describe_types(types, error.instance)
-                problems.append(Problem(str(path[0]) if path else None, message))
-                continue
-        if path:
-            top = str(path[0])
-            inner = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path[1:])
-            message = _describe(error)
-            problems.append(Problem(top, f"{top}{inner}: {message}" if inner else message))
-        else:
-            problems.append(Problem(None, _describe(error)))
-    return problems
+    return registry.find_tool(agent, tool_name)
 
 
 def correction_message(tool: str, canonical_arguments: str, note: str = "") -> str:
@@ -245,7 +118,7 @@ def edit_and_approve(
     tool = check_editable(ticket, user)
     if not isinstance(arguments, dict):
         raise InvalidDecisionError("the edited arguments must be a JSON object")
-    problems = schema_problems(tool.params_json_schema, arguments)
+    problems = calls.schema_problems(tool.params_json_schema, arguments)
     if problems:
         raise InvalidArgumentsError(problems)
     edited_json = canonical_json(arguments)

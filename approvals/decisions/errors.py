@@ -44,6 +44,10 @@ class DigestMismatchError(DecisionError, ConflictError):
     something nobody saw."""
 
 
+class FlaggedCallError(DecisionError, ConflictError):
+    """A call with invisible or look-alike characters, approved where its flags were not shown."""
+
+
 class InvalidDecisionError(DecisionError):
     pass
 

@@ -28,7 +28,7 @@ def changes(before: Any, after: Any) -> list[dict[str, str]]:
     rows = []
     for change in presenters.diff(before, after):
         row = asdict(change)
-        leaf = re.split(r"[.\[]", change.path)[-1].rstrip("]")
+        leaf = re.split(r"[.\[]", change.path)[-1].rstrip("]").strip('"')
         if is_secret_key(leaf):
             row["before"] = "[redacted]" if row["before"] else ""
             row["after"] = "[redacted]" if row["after"] else ""

@@ -2,19 +2,26 @@
 
 from __future__ import annotations
 
+from approvals import transitions
 from approvals.audit import chain
 from approvals.core.canonical import arguments_digest, canonical_arguments
-from approvals.decisions import automatic
+from approvals.decisions import automatic, calls, decide
 from approvals.live import hints
-from approvals.models import (
-    Run,
-    Ticket,
-)
+from approvals.models import Run, Ticket, TicketStatus
 from approvals.policies import scopes
 
 
 def open_tickets(run: Run, interruptions, *, requested_by, now, resumed: bool) -> list[Ticket]:
+    """One ticket per interruption, in the caller's transaction (which holds the run's row).
+
+    A malformed call (decisions.calls) is rejected at once with the reasons for the model, and
+    audited as ticket.malformed; the others go to the automatic deciders. When nothing of the
+    run is left pending, the run is queued. Side effects: the tickets, audit events
+    ticket.created (and ticket.malformed), live hints after commit, and what the automatic
+    deciders write.
+    """
     tickets = []
+    malformed: dict[int, list[str]] = {}
     for item in interruptions:
         raw = item.arguments
         tool_name = item.qualified_name or item.name or ""
@@ -35,6 +42,10 @@ def open_tickets(run: Run, interruptions, *, requested_by, now, resumed: bool) -
                 policy=None if policy.is_builtin else policy,
             )
         )
+        schema = calls.tool_schema(run.agent_key, run.agent_version, tool_name)
+        reasons = calls.malformed_reasons(raw, schema)
+        if reasons:
+            malformed[tickets[-1].pk] = reasons
     for ticket in tickets:
         chain.append_for_ticket(
             ticket,
@@ -48,6 +59,42 @@ def open_tickets(run: Run, interruptions, *, requested_by, now, resumed: bool) -
             },
         )
         hints.notify_on_commit(run.tenant_id, "ticket.created", ticket=ticket.pk, run=run.pk)
+    for ticket in tickets:
+        if ticket.pk in malformed:
+            _reject_malformed(ticket, malformed[ticket.pk], now=now)
     # Only a resumed run can meet a pre-authorisation: one belongs to a ticket of its run.
-    automatic.decide_automatically(run, tickets, now=now, preauthorised=resumed)
+    automatic.decide_automatically(
+        run,
+        [t for t in tickets if t.pk not in malformed],
+        now=now,
+        preauthorised=resumed,
+        queue_anyway=bool(malformed),
+    )
     return tickets
+
+
+def _reject_malformed(ticket: Ticket, reasons: list[str], *, now) -> None:
+    message = calls.malformed_message(ticket.tool_name, reasons)[: decide.MAX_MESSAGE_CHARS]
+    transitions.move_tickets(
+        Ticket.objects.filter(pk=ticket.pk),
+        to=TicketStatus.REJECTED,
+        decided_at=now,
+        decision_message=message,
+        decision_source="malformed",
+        decision_reason="; ".join(reasons)[:1000],
+    )
+    ticket.refresh_from_db()
+    chain.append_for_ticket(
+        ticket,
+        action="ticket.malformed",
+        actor_name="console",
+        outcome=TicketStatus.REJECTED,
+        detail={"reasons": reasons},
+    )
+    hints.notify_on_commit(
+        ticket.tenant_id,
+        "ticket.decided",
+        ticket=ticket.pk,
+        run=ticket.run_id,
+        status=TicketStatus.REJECTED,
+    )

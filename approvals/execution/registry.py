@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
+from django.core.signals import setting_changed
+from django.dispatch import receiver
 from django.utils.module_loading import import_string
 
 
@@ -91,3 +93,42 @@ def tool_names() -> tuple[str, ...]:
                 )
                 stack.extend(h for h in getattr(current, "handoffs", []) if hasattr(h, "tools"))
     return tuple(sorted(names))
+
+
+def find_tool(agent: Any, tool_name: str) -> Any | None:
+    """The function tool called tool_name in the agent or any agent it hands off to."""
+    stack, seen = [agent], set()
+    while stack:
+        current = stack.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        for tool in getattr(current, "tools", []) or []:
+            names = {getattr(tool, "name", None), getattr(tool, "qualified_name", None)}
+            if tool_name in names and isinstance(getattr(tool, "params_json_schema", None), dict):
+                return tool
+        for handoff in getattr(current, "handoffs", []) or []:
+            target = handoff if hasattr(handoff, "tools") else getattr(handoff, "agent", None)
+            if target is not None:
+                stack.append(target)
+    return None
+
+
+@functools.cache
+def tool_schema(agent_key: str, agent_version: str, tool_name: str) -> dict | None:
+    """The parameters schema of the deployed version's function tool, found once per process (a
+    deployed version never changes its tools); None when the version or the tool is missing."""
+    try:
+        agent = get_spec(agent_key, agent_version).build()
+    except Exception:
+        return None
+    tool = find_tool(agent, tool_name)
+    return tool.params_json_schema if tool is not None else None
+
+
+@receiver(setting_changed)
+def _forget_agents(*, setting: str, **kwargs) -> None:
+    # Deployed versions never change, except when a test changes the setting itself.
+    if setting == "APPROVALS_AGENTS":
+        tool_names.cache_clear()
+        tool_schema.cache_clear()

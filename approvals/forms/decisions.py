@@ -19,6 +19,9 @@ class DecisionForm(forms.Form):
         help_text="Sent back to the model when you reject.",
     )
     always = forms.BooleanField(required=False)
+    # Set by the ticket page when it showed the call's flags (decisions.calls): a flagged call
+    # is approved only by someone who was shown them.
+    flags_seen = forms.BooleanField(required=False, widget=forms.HiddenInput)
 
     def clean(self):
         data = super().clean()

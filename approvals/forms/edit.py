@@ -8,7 +8,7 @@ from typing import Any
 from django import forms
 
 from approvals.core.canonical import canonical_json
-from approvals.decisions import edit
+from approvals.decisions import calls
 from approvals.decisions.decide import MAX_MESSAGE_CHARS
 
 _SIMPLE_TYPES = {"string", "integer", "number", "boolean"}
@@ -174,7 +174,7 @@ class EditArgumentsForm(forms.Form):
                     arguments.update({k: v for k, v in extra.items() if k not in arguments})
         if self.errors:
             return data
-        for problem in edit.schema_problems(self.schema, arguments):
+        for problem in calls.schema_problems(self.schema, arguments):
             if problem.argument in self.properties:
                 self.add_error(ARG_PREFIX + problem.argument, problem.message)
             elif problem.unknown:

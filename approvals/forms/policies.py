@@ -58,8 +58,11 @@ class PolicyForm(forms.Form):
         required=False,
         widget=forms.Textarea(attrs={"rows": 3}),
         label="Automatic decisions",
-        help_text="One per line: 'approve if environment != production because staging is low "
-        "risk'. Operators: ==, !=, in, not in, matches (a regular expression).",
+        help_text="One per line: 'approve if environment in staging, dev because they are low "
+        "risk'. Operators: ==, !=, in, not in, matches (a regular expression, RE2). Values are "
+        "compared ignoring case, width and invisible characters. Prefer an allow-list (== or "
+        "in): a '!=' or 'not in' rule is a deny-list and approves every value it does not name. "
+        "A call with invisible or look-alike characters is never approved by a rule.",
     )
 
     def __init__(self, *args, groups: list[str], **kwargs) -> None:

@@ -1,12 +1,23 @@
-"""Automatic decisions by rule on argument values, and the text syntax the policy form uses."""
+"""Automatic decisions by rule on argument values, and the text syntax the policy form uses.
+
+Values are compared on a normalised form (NFKC, case-folded, invisible characters removed:
+core.reading.normalised), so "Production" and "production\u200b" are "production" to a rule.
+A "!=" or "not in" rule is a deny-list: it approves everything it does not name. Regular
+expressions run on RE2, whose time is linear in the text: a model's argument cannot make a
+rule's pattern run for seconds inside the ticket's transaction.
+"""
 
 from __future__ import annotations
 
 import json
 import re
+import unicodedata
 from dataclasses import dataclass
 from typing import Any
 
+import re2
+
+from approvals.core import reading
 from approvals.models import (
     ApprovalPolicy,
 )
@@ -44,23 +55,39 @@ def _as_text(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value, sort_keys=True)
 
 
+def _pattern(expression: str):
+    """The expression compiled by RE2; raises re2.error when RE2 cannot run it."""
+    options = re2.Options()
+    options.log_errors = False
+    return re2.compile(expression, options)
+
+
 def rule_matches(rule: dict, arguments: Any) -> bool:
     """A missing argument never matches: an absent value is no evidence of low risk."""
     found, value = _lookup(arguments, rule["argument"])
     if not found:
         return False
     text, expected, op = _as_text(value), rule["value"], rule["op"]
+    if op == "matches":
+        try:
+            pattern = _pattern(expected)
+        except re2.error:
+            # A rule saved before patterns ran on RE2: it decides nothing; a person does.
+            return False
+        plain = unicodedata.normalize("NFKC", text)
+        return (
+            pattern.fullmatch("".join(c for c in plain if not reading.is_invisible(c))) is not None
+        )
+    text = reading.normalised(text)
     if op == "eq":
-        return text == expected
+        return text == reading.normalised(expected)
     if op == "ne":
-        return text != expected
-    options = [o.strip() for o in expected.split(",")]
+        return text != reading.normalised(expected)
+    options = [reading.normalised(o) for o in expected.split(",")]
     if op == "in":
         return text in options
     if op == "not_in":
         return text not in options
-    if op == "matches":
-        return re.fullmatch(expected, text) is not None
     return False
 
 
@@ -119,10 +146,16 @@ def parse_auto_rules(text: str) -> list[dict]:
         value = match["value"].strip()
         if op == "matches":
             try:
-                re.compile(value)
-            except re.error as error:
+                _pattern(value)
+            except re2.error as error:
+                reason = (
+                    error.args[0].decode()
+                    if error.args and isinstance(error.args[0], bytes)
+                    else error
+                )
                 raise RuleSyntaxError(
-                    f"line {number}: {value!r} is not a valid regular expression ({error})"
+                    f"line {number}: {value!r} is not a valid regular expression for RE2 "
+                    f"({reason}; look-arounds and back-references are not supported)"
                 ) from None
         rules.append(
             {

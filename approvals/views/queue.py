@@ -15,6 +15,7 @@ from django.views.decorators.http import require_GET
 
 from approvals.core import presenters
 from approvals.core.pagination import BadCursor, after_descending
+from approvals.decisions import calls, digest
 from approvals.execution import registry
 from approvals.forms.filters import QueueFilterForm
 from approvals.models import (
@@ -88,9 +89,15 @@ def queue(request: HtmxHttpRequest) -> HttpResponse:
 
 
 def _queue_row(ticket: Ticket, memberships: dict[int, Membership]) -> dict:
+    # The line shows the ticket's copy, so the copy must still have its digest; a flagged call
+    # is approved only on its own page, where its flags are shown: neither goes in a batch.
+    intact = digest.copy_is_intact(ticket)
+    flags = calls.read(ticket.arguments_json).flags
     return {
         "ticket": ticket,
         "summary": presenters.summary(ticket.arguments_json),
         "claimant": ticket.active_claimant,
-        "may_select": memberships[ticket.tenant_id].can_decide,
+        "intact": intact,
+        "flags": flags,
+        "may_select": memberships[ticket.tenant_id].can_decide and intact and not flags,
     }

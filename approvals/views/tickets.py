@@ -19,7 +19,7 @@ from django_htmx.http import HttpResponseClientRedirect
 
 from approvals.core import presenters
 from approvals.core.errors import DomainError
-from approvals.decisions import comments, decide, digest
+from approvals.decisions import calls, comments, decide, digest
 from approvals.forms.decisions import CommentForm, DecisionForm
 from approvals.models import (
     Membership,
@@ -48,11 +48,13 @@ def ticket_context(request: HttpRequest, ticket: Ticket, membership: Membership)
         .order_by("-decided_at", "-pk")
         .first()
     )
-    changes = (
-        presenters.diff(json.loads(previous.arguments_json), json.loads(ticket.arguments_json))
-        if previous
-        else None
-    )
+    # What is shown is what the digest covers: the call as the stored state holds it, when
+    # the ticket is pending and its state was read; otherwise the ticket's copy, whose own
+    # digest is checked (an integrity error is shown and nothing is approvable).
+    shown_json = check.arguments_json if check is not None and check.arguments_json else None
+    copy_intact = digest.copy_is_intact(ticket)
+    call = calls.read(shown_json or ticket.arguments_json)
+    changes = presenters.diff(json.loads(previous.arguments_json), call.value) if previous else None
     expired = ticket.is_expired
     policy = scopes.policy_of(ticket)
     votes = list(ticket.votes.select_related("user", "policy"))
@@ -80,7 +82,9 @@ def ticket_context(request: HttpRequest, ticket: Ticket, membership: Membership)
         "ticket": ticket,
         "run": run,
         "membership": membership,
-        "arguments": presenters.arguments_rows_from_json(ticket.arguments_json),
+        "arguments": presenters.argument_rows(call.value),
+        "flags": call.flags,
+        "copy_intact": copy_intact,
         "transcript": presenters.transcript(state_json) if state_json else [],
         "state_problem": problem,
         "check": check,
@@ -91,6 +95,7 @@ def ticket_context(request: HttpRequest, ticket: Ticket, membership: Membership)
         "may_decide": may_decide,
         "may_approve": may_decide
         and (check is not None and check.ok)
+        and copy_intact
         and not ticket.is_requested_by(request.user)
         and my_vote is None,
         "is_requester": ticket.is_requested_by(request.user),
@@ -175,6 +180,7 @@ def ticket_decide(request: HtmxHttpRequest, pk: int) -> HttpResponse:
                 approve=form.cleaned_data["decision"] == "approve",
                 message=form.cleaned_data["message"],
                 always=form.cleaned_data["always"],
+                flags_seen=form.cleaned_data["flags_seen"],
             )
         except DomainError as error:
             problem, status = errors.explain(error)

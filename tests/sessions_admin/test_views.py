@@ -227,8 +227,8 @@ def test_detail_renders_messages_tool_call_output_and_raw_json(admin_client, acm
         "Deploy release 2026.07.24 to production</div>" in body
     )
     assert '<span class="who">Tool call</span> <span class="tool">deploy_release</span>' in body
-    assert '<span class="muted">release</span> <code>2026.07.24</code>' in body
-    assert '<span class="muted">environment</span> <code>production</code>' in body
+    assert '<span class="muted">release</span> <code>&quot;2026.07.24&quot;</code>' in body
+    assert '<span class="muted">environment</span> <code>&quot;production&quot;</code>' in body
     assert (
         '<span class="who">Tool result</span> <div class="text">'
         "Release 2026.07.24 is live on production.</div>" in body

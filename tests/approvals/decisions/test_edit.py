@@ -110,7 +110,12 @@ def test_edit_and_approve_rejects_the_original_with_the_corrected_arguments(setu
     assert edited.arguments_digest == ticket.arguments_digest
     assert edited.detail["edited_digest"] == pre.arguments_digest
     assert edited.detail["changes"] == [
-        {"path": "release", "kind": "changed", "before": "2026.07.24", "after": "2026.07.25"}
+        {
+            "path": "release",
+            "kind": "changed",
+            "before": '"2026.07.24"',
+            "after": '"2026.07.25"',
+        }
     ]
     assert edited.detail["message"] == "Use .25"
     run = Run.objects.get(pk=ticket.run_id)
@@ -149,7 +154,7 @@ def test_edit_and_approve_end_to_end_runs_the_edited_release_once(setup, model_c
     )
     assert event.detail["preauthorised_by"] == "approver"
     assert event.detail["original_ticket"] == ticket.pk
-    assert event.detail["changes"][0]["after"] == "2026.07.25"
+    assert event.detail["changes"][0]["after"] == '"2026.07.25"'
     assert demo.read_effects() == []
 
     final = resume(run_id=run.pk, worker_id="w2")
@@ -601,7 +606,7 @@ def test_the_diff_is_shown_wherever_the_decision_appears(client):
     )
     resume(run_id=ticket.run_id, worker_id="w1")
     new = Ticket.objects.get(run_id=ticket.run_id, generation=2)
-    diff = "<del>2026.07.24</del> → <ins>2026.07.25</ins>"
+    diff = "<del>&quot;2026.07.24&quot;</del> → <ins>&quot;2026.07.25&quot;</ins>"
 
     original_page = client.get(reverse("approvals:ticket", args=[ticket.pk])).content.decode()
     new_page = client.get(reverse("approvals:ticket", args=[new.pk])).content.decode()

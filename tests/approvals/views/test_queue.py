@@ -79,7 +79,7 @@ def test_queue_shows_the_pending_tickets_tool_and_summary(client):
     assert shown_ids(response) == [ticket.pk]
     body = response.content.decode()
     assert '<span class="tool">deploy_release</span>' in body
-    assert "environment=production, release=2026.07.24" in body
+    assert "environment=&quot;production&quot;, release=&quot;2026.07.24&quot;" in body
     assert reverse("approvals:ticket", args=[ticket.pk]) in body
 
 

@@ -29,12 +29,15 @@ def test_ticket_shows_the_arguments_table(client):
 
     assert response.status_code == 200
     assert response.context["arguments"] == [
-        ArgRow("environment", "production"),
-        ArgRow("release", "2026.07.24"),
+        ArgRow("environment", '"production"', "text"),
+        ArgRow("release", '"2026.07.24"', "text"),
     ]
     body = response.content.decode()
     assert '<th scope="row">release</th>' in body
-    assert "<code>2026.07.24</code>" in body
+    # Text is quoted, so it never reads as a number or a boolean.
+    assert (
+        '<span class="type">text</span> <code class="value">&quot;2026.07.24&quot;</code>' in body
+    )
     assert '<span class="tool">deploy_release</span>' in body
 
 
@@ -78,9 +81,11 @@ def test_ticket_diff_against_the_last_approved_call_of_the_same_tool(client):
     response = page(client, ticket)
 
     assert response.context["previous"] == earlier
-    assert response.context["changes"] == [Change("release", "changed", "2026.07.24", "2026.07.25")]
+    assert response.context["changes"] == [
+        Change("release", "changed", '"2026.07.24"', '"2026.07.25"')
+    ]
     body = response.content.decode()
-    assert "<del>2026.07.24</del> → <ins>2026.07.25</ins>" in body
+    assert "<del>&quot;2026.07.24&quot;</del> → <ins>&quot;2026.07.25&quot;</ins>" in body
     assert f"approved by {approver.username}" in body
 
 
@@ -180,9 +185,12 @@ def test_ticket_tampered_arguments_show_which_fields_differ(client):
     response = page(client, ticket)
 
     assert response.context["check"].differences == [
-        Change("environment", "changed", "staging", "production")
+        Change("environment", "changed", '"staging"', '"production"')
     ]
-    assert "<del>staging</del> <ins>production</ins>" in response.content.decode()
+    assert (
+        "<del>&quot;staging&quot;</del> <ins>&quot;production&quot;</ins>"
+        in response.content.decode()
+    )
 
 
 def test_ticket_tampered_digest_still_offers_reject(client):

@@ -125,6 +125,11 @@ async def _resume_async(run: Run, tickets: list[Ticket], state_json: dict) -> An
                 f"{checks.REGENERATE}: tool {item.name!r} is not available to agent "
                 f"{getattr(item.agent, 'name', '?')!r} in this version; nothing was run"
             )
+        if ticket.tool_name not in {item.name, item.qualified_name}:
+            raise checks.Refusal(
+                f"ticket {ticket.pk} was shown as a call of {ticket.tool_name}, but the stored "
+                f"state calls {item.qualified_name or item.name}; nothing was run"
+            )
         if arguments_digest(item.arguments) != ticket.arguments_digest:
             raise checks.Refusal(
                 f"the arguments of ticket {ticket.pk} ({ticket.tool_name}) differ from those that "

@@ -359,6 +359,22 @@ def test_resume_with_changed_argument_digest_is_refused():
     )
 
 
+def test_resume_with_a_changed_tool_name_is_refused():
+    """The ticket was shown as one tool's call; the state must call that tool."""
+    run, ticket, _ = decided_run()
+    Ticket.objects.filter(pk=ticket.pk).update(tool_name="publish_invoice")
+
+    outcome = resume(run_id=run.pk, worker_id="w1")
+
+    assert_refused(
+        outcome,
+        run,
+        status=RunStatus.NEEDS_ATTENTION,
+        reason=f"ticket {ticket.pk} was shown as a call of publish_invoice, but the stored state",
+    )
+    assert demo.read_effects() == []
+
+
 def test_resume_after_approver_membership_removed_is_refused():
     run, ticket, approver = decided_run()
     Membership.objects.filter(user=approver).delete()

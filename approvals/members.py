@@ -15,3 +15,14 @@ def membership_for(user, tenant_id: int) -> Membership | None:
 def is_admin(user, tenant_id: int) -> bool:
     membership = membership_for(user, tenant_id)
     return membership is not None and membership.is_admin
+
+
+def is_member_named(username: str, *, tenant_slugs: list[str]) -> bool:
+    """Whether the user called username is a member of one of these tenants.
+
+    A filter names only people its viewer can see: a user of another tenant and a name nobody
+    has must look the same to the viewer, or the answer tells who exists elsewhere.
+    """
+    return Membership.objects.filter(
+        user__username=username, tenant__slug__in=tenant_slugs
+    ).exists()

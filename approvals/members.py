@@ -12,6 +12,16 @@ def membership_for(user, tenant_id: int) -> Membership | None:
     return Membership.objects.filter(user=user, tenant_id=tenant_id).first()
 
 
+def roles_of(user_ids: list[int]) -> dict[int, dict[int, str]]:
+    """Each user's role in each tenant it belongs to, in one query: {user: {tenant: role}}."""
+    roles: dict[int, dict[int, str]] = {user_id: {} for user_id in user_ids}
+    for user_id, tenant_id, role in Membership.objects.filter(user_id__in=user_ids).values_list(
+        "user_id", "tenant_id", "role"
+    ):
+        roles[user_id][tenant_id] = role
+    return roles
+
+
 def is_admin(user, tenant_id: int) -> bool:
     membership = membership_for(user, tenant_id)
     return membership is not None and membership.is_admin

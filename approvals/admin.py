@@ -15,6 +15,24 @@ from approvals.models import (
 )
 
 
+class ShownOnlyAdmin(admin.ModelAdmin):
+    """A model the admin shows but never adds, edits or deletes (so no bulk delete either).
+
+    Its rows change only through the console's capabilities, which check, compare-and-set and
+    audit each change and wake what waits on it: deleting a pending ticket here left its run
+    paused for ever, with nothing in the audit log.
+    """
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
+
+
 @admin.register(Tenant)
 class TenantAdmin(admin.ModelAdmin):
     list_display = ["slug", "name", "audit_seq", "created_at"]
@@ -39,7 +57,7 @@ class TicketInline(admin.TabularInline):
 
 
 @admin.register(Run)
-class RunAdmin(admin.ModelAdmin):
+class RunAdmin(ShownOnlyAdmin):
     list_display = ["id", "tenant", "agent_key", "agent_version", "status", "title", "created_at"]
     list_filter = ["status", "tenant", "agent_key"]
     search_fields = ["title"]
@@ -66,10 +84,7 @@ class RunAdmin(admin.ModelAdmin):
         "finished_at",
     ]
     inlines = [TicketInline]
-
     # Status changes go through approvals.transitions (compare-and-set, checks, audit), never a form.
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
 
     @admin.display(description="Encrypted state (bytes)")
     def blob_size(self, obj: Run) -> int:
@@ -77,7 +92,7 @@ class RunAdmin(admin.ModelAdmin):
 
 
 @admin.register(Ticket)
-class TicketAdmin(admin.ModelAdmin):
+class TicketAdmin(ShownOnlyAdmin):
     list_display = [
         "id",
         "tenant",
@@ -101,32 +116,21 @@ class TicketAdmin(admin.ModelAdmin):
         "requested_by",
         "created_at",
     ]
-
     # A decision is made in the console (compare-and-set, self-approval check, audit), never
-    # by editing the row here.
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
+    # by editing the row here; a pending ticket deleted here would leave its run paused.
 
 
 @admin.register(AuditEvent)
-class AuditEventAdmin(admin.ModelAdmin):
+class AuditEventAdmin(ShownOnlyAdmin):
     list_display = ["tenant", "seq", "created_at", "actor_name", "action", "tool_name", "outcome"]
     list_filter = ["tenant", "action", "outcome"]
     list_select_related = ["tenant"]
     search_fields = ["actor_name", "tool_name", "arguments_digest"]
-
-    def has_add_permission(self, request) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False
+    # Append-only and hash-chained (audit.chain, audit.guard).
 
 
 @admin.register(IdempotencyRecord)
-class IdempotencyRecordAdmin(admin.ModelAdmin):
+class IdempotencyRecordAdmin(ShownOnlyAdmin):
     list_display = [
         "operation",
         "resource",
@@ -137,9 +141,7 @@ class IdempotencyRecordAdmin(admin.ModelAdmin):
         "completed_at",
     ]
     list_filter = ["status", "operation", "tenant"]
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
+    # The ledger of effects (execution.ledger); one in doubt is settled by runs.resolution.
 
 
 # Policies and votes change through approvals.policies and decisions (versioned, audited), never here.
@@ -156,29 +158,15 @@ class ApprovalPolicyAdmin(admin.ModelAdmin):
 
 
 @admin.register(TicketVote)
-class TicketVoteAdmin(admin.ModelAdmin):
+class TicketVoteAdmin(ShownOnlyAdmin):
     list_display = ["ticket", "user", "policy", "created_at", "invalidated_at"]
-
-    def has_add_permission(self, request) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
 
 
 @admin.register(PreAuthorization)
-class PreAuthorizationAdmin(admin.ModelAdmin):
+class PreAuthorizationAdmin(ShownOnlyAdmin):
     list_display = ["id", "tenant", "run", "tool_name", "created_by", "used_by", "expires_at"]
     list_filter = ["tenant", "tool_name"]
     list_select_related = ["tenant", "run", "created_by", "used_by"]
 
     # A pre-authorisation approves a future call in someone's name: it is made only by
     # editing a ticket in the console (permission checks, audit), never here.
-    def has_add_permission(self, request) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False

@@ -13,6 +13,7 @@ class ApprovalsConfig(AppConfig):
         # Imported here, not at the top: models load after this module (Django's app loading).
         from approvals.audit import sign_ins  # noqa: F401  (connects the sign-in receivers)
         from approvals.execution import queue
+        from approvals.live import memberships  # noqa: F401  (connects the membership receivers)
         from approvals.runs import resume
 
         # The queue's task runs the resume, which imports the queue: handed over, not imported.

@@ -12,6 +12,27 @@ def membership_for(user, tenant_id: int) -> Membership | None:
     return Membership.objects.filter(user=user, tenant_id=tenant_id).first()
 
 
+def roles_of(user_ids: list[int]) -> dict[int, dict[int, str]]:
+    """Each user's role in each tenant it belongs to, in one query: {user: {tenant: role}}."""
+    roles: dict[int, dict[int, str]] = {user_id: {} for user_id in user_ids}
+    for user_id, tenant_id, role in Membership.objects.filter(user_id__in=user_ids).values_list(
+        "user_id", "tenant_id", "role"
+    ):
+        roles[user_id][tenant_id] = role
+    return roles
+
+
 def is_admin(user, tenant_id: int) -> bool:
     membership = membership_for(user, tenant_id)
     return membership is not None and membership.is_admin
+
+
+def is_member_named(username: str, *, tenant_slugs: list[str]) -> bool:
+    """Whether the user called username is a member of one of these tenants.
+
+    A filter names only people its viewer can see: a user of another tenant and a name nobody
+    has must look the same to the viewer, or the answer tells who exists elsewhere.
+    """
+    return Membership.objects.filter(
+        user__username=username, tenant__slug__in=tenant_slugs
+    ).exists()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from typing import Any
 
 
@@ -30,6 +31,54 @@ UNPARSED = "__unparsed__"
 
 def canonical_json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+class NestedTooDeeplyError(ValueError):
+    """JSON with more levels of lists and objects than the caller allows."""
+
+
+def nesting_depth(value: Any, *, stop_after: int) -> int:
+    """Levels of lists and objects in value (a scalar is 0, [] is 1, [[]] is 2), counted
+    without recursion; counting stops once it passes stop_after, so a value nested without
+    bound (or one that contains itself) costs no more than stop_after levels."""
+    deepest = 0
+    seen: dict[int, int] = {}
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        current, depth = stack.pop()
+        if isinstance(current, dict):
+            children = current.values()
+        elif isinstance(current, list | tuple):
+            children = current
+        else:
+            continue
+        if seen.get(id(current), 0) >= depth:
+            continue
+        seen[id(current)] = depth
+        deepest = max(deepest, depth)
+        if deepest > stop_after:
+            return deepest
+        stack.extend((child, depth + 1) for child in children)
+    return deepest
+
+
+# A JSON string (skipped whole, so brackets inside it do not count) or one bracket.
+_STRING_OR_BRACKET = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+
+
+def loads_within(text: str, *, max_depth: int) -> Any:
+    """json.loads of text, refusing more than max_depth levels of lists and objects before
+    parsing (the parser recurses once per level). Raises NestedTooDeeplyError or ValueError."""
+    depth = 0
+    for token in _STRING_OR_BRACKET.finditer(text):
+        mark = token.group()
+        if mark in "[{":
+            depth += 1
+            if depth > max_depth:
+                raise NestedTooDeeplyError(f"more than {max_depth} levels of lists and objects")
+        elif mark in "]}":
+            depth -= 1
+    return json.loads(text)
 
 
 def parse_arguments(raw: str | None) -> Any:

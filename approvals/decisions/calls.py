@@ -23,7 +23,7 @@ from jsonschema.exceptions import ValidationError
 from jsonschema.validators import validator_for
 
 from approvals.core import reading
-from approvals.core.canonical import UNPARSED, parse_arguments
+from approvals.core.canonical import UNPARSED, loads_within, nesting_depth, parse_arguments
 from approvals.execution import registry
 from approvals.models import Ticket
 
@@ -86,8 +86,41 @@ def _describe(error: ValidationError) -> str:
     return error.message[:1].upper() + error.message[1:].rstrip(".") + "."
 
 
+# Levels of lists and objects one argument's value may have. The schema check, the diff and the
+# canonical JSON each recurse once per level, so a value nested without bound would exhaust the
+# stack; no tool's arguments need anywhere near this many.
+MAX_DEPTH = 32
+
+TOO_DEEP = f"This value is nested too deeply: at most {MAX_DEPTH} levels of lists and objects."
+
+
+def parse_value(text: str, *, levels: int = MAX_DEPTH) -> Any:
+    """One argument's value typed as JSON (levels: how deep it may nest). Raises
+    NestedTooDeeplyError (say TOO_DEEP) before parsing a value nested deeper, else ValueError
+    when text is not JSON."""
+    return loads_within(text, max_depth=levels)
+
+
+def _depth_problems(arguments: Any) -> list[Problem]:
+    if isinstance(arguments, dict):
+        return [
+            Problem(str(name), TOO_DEEP)
+            for name, value in arguments.items()
+            if nesting_depth(value, stop_after=MAX_DEPTH) > MAX_DEPTH
+        ]
+    if nesting_depth(arguments, stop_after=MAX_DEPTH + 1) > MAX_DEPTH + 1:
+        return [Problem(None, TOO_DEEP)]
+    return []
+
+
 def schema_problems(schema: dict, arguments: Any) -> list[Problem]:
-    """What is wrong with arguments under the tool's JSON schema; empty when they fit."""
+    """What is wrong with arguments under the tool's JSON schema; empty when they fit.
+
+    Arguments nested deeper than MAX_DEPTH are refused before the schema is consulted (the
+    validator recurses once per level)."""
+    too_deep = _depth_problems(arguments)
+    if too_deep:
+        return too_deep
     cls = validator_for(schema, default=Draft202012Validator)
     validator = cls(schema)
     problems: list[Problem] = []

@@ -7,7 +7,7 @@ from typing import Any
 
 from django import forms
 
-from approvals.core.canonical import canonical_json
+from approvals.core.canonical import NestedTooDeeplyError, canonical_json
 from approvals.decisions import calls
 from approvals.decisions.decide import MAX_MESSAGE_CHARS
 
@@ -123,7 +123,9 @@ class EditArgumentsForm(forms.Form):
             return False, None
         if kind in {"enum", "json"}:
             try:
-                return True, json.loads(text)
+                return True, calls.parse_value(text)
+            except NestedTooDeeplyError:
+                raise forms.ValidationError(calls.TOO_DEEP) from None
             except ValueError as error:
                 raise forms.ValidationError(f"This is not valid JSON: {error}.") from None
         if kind == "boolean":
@@ -159,7 +161,10 @@ class EditArgumentsForm(forms.Form):
         extra_text = (data.get("extra") or "").strip()
         if extra_text:
             try:
-                extra = json.loads(extra_text)
+                # An object of arguments: one level more than an argument's value.
+                extra = calls.parse_value(extra_text, levels=calls.MAX_DEPTH + 1)
+            except NestedTooDeeplyError:
+                self.add_error("extra", calls.TOO_DEEP)
             except ValueError as error:
                 self.add_error("extra", f"This is not valid JSON: {error}.")
             else:

@@ -6,8 +6,8 @@ import re
 
 from django import forms
 from django.conf import settings
-from django.contrib.auth import get_user_model
 
+from approvals import members
 from approvals.audit import actions
 
 _NAME = re.compile(r"^[\w.:@+-]{1,200}$")
@@ -53,8 +53,10 @@ class QueueFilterForm(_TenantFilterForm):
 
     def clean_requester(self) -> str:
         name = _checked_name(self.cleaned_data["requester"], "user")
-        if name and not get_user_model().objects.filter(username=name).exists():
-            raise forms.ValidationError(f"There is no user called {name!r}.")
+        # Only members of the viewer's tenants: someone of another tenant is refused exactly
+        # like a name nobody has.
+        if name and not members.is_member_named(name, tenant_slugs=self.tenant_slugs):
+            raise forms.ValidationError(f"Nobody called {name!r} is a member of your tenants.")
         return name
 
 

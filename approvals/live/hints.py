@@ -34,6 +34,11 @@ logger = logging.getLogger(__name__)
 DELIVERY_KIND = actions.DELIVERY_CHANGED
 
 
+def user_group(user_id: int) -> str:
+    """The group of one user's sockets: told when the user's memberships change."""
+    return f"user.{user_id}"
+
+
 def tenant_group(tenant_id: int) -> str:
     return f"tenant.{tenant_id}"
 
@@ -110,15 +115,28 @@ def _send(group: str, message: dict[str, Any]) -> None:
         logger.warning("live update to %s not delivered", group, exc_info=True)
 
 
+# Every hint names its tenant: a socket forwards only hints of the tenants its user belongs to
+# now, even one already queued for it before it left the tenant's group.
 def notify_on_commit(tenant_id: int, kind: str, **data: Any) -> None:
-    message = {"type": "console.event", "kind": kind, **data}
+    message = {"type": "console.event", "kind": kind, "tenant": tenant_id, **data}
     transaction.on_commit(lambda: _send(tenant_group(tenant_id), message))
 
 
 def notify_admins_on_commit(tenant_id: int, **data: Any) -> None:
     """A delivery changed: a hint for the tenant's admins (their delivery log re-reads)."""
-    message = {"type": "console.event", "kind": DELIVERY_KIND, **data}
+    message = {"type": "console.event", "kind": DELIVERY_KIND, "tenant": tenant_id, **data}
     transaction.on_commit(lambda: _send(admin_group(tenant_id), message))
+
+
+MEMBERSHIPS_CHANGED = "console.memberships"
+
+
+def memberships_changed_on_commit(user_id: int) -> None:
+    """The user's memberships changed: after commit, the user's open sockets re-read theirs and
+    stop (or start) hearing tenants at once. With the in-memory layer the audit tail tells them
+    (tail.AuditTail), since this process may not be the one holding the sockets."""
+    message = {"type": MEMBERSHIPS_CHANGED}
+    transaction.on_commit(lambda: _send(user_group(user_id), message))
 
 
 def group_for(tenant_id: int, hint: dict[str, Any]) -> str:
@@ -131,6 +149,7 @@ def hint_for(event) -> dict[str, Any]:
     return {
         "type": "console.event",
         "kind": action.live if action and action.live else event.action,
+        "tenant": event.tenant_id,
         "run": event.run_id,
         "ticket": event.ticket_id,
         "status": event.outcome,

@@ -9,23 +9,34 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 
 from channels.db import database_sync_to_async
 from channels.layers import InMemoryChannelLayer, get_channel_layer
 from django.conf import settings
 
-from approvals.live.hints import group_for, hint_for
+from approvals import members
+from approvals.live.hints import MEMBERSHIPS_CHANGED, group_for, hint_for, user_group
 from approvals.models import AuditEvent
 
 logger = logging.getLogger(__name__)
 
 
 class AuditTail:
-    """One per web process: new audit events become hints for this process's sockets."""
+    """One per web process: new audit events become hints for this process's sockets.
+
+    A membership changed in another process cannot reach this one's sockets through the
+    in-memory layer, so before it hands out a batch of hints the tail reads the memberships of
+    the users whose sockets it serves (one query) and tells each user whose memberships changed
+    (ConsoleConsumer.console_memberships) before any of the batch's hints.
+    """
 
     def __init__(self) -> None:
         self.subscribers = 0
         self.task: asyncio.Task | None = None
+        # Sockets per user, and each user's memberships as the tail last told its sockets.
+        self.users: Counter[int] = Counter()
+        self.told: dict[int, list[list]] = {}
 
     @staticmethod
     def _latest_id() -> int:
@@ -39,17 +50,38 @@ class AuditTail:
             .order_by("id")[:500]
         )
 
-    async def subscribe(self) -> None:
+    async def subscribe(self, user_id: int | None = None) -> None:
         self.subscribers += 1
+        if user_id is not None:
+            self.users[user_id] += 1
+            # The new socket read the memberships itself: tell the user's sockets afresh.
+            self.told.pop(user_id, None)
         if self.task is None or self.task.done():
             last_id = await database_sync_to_async(self._latest_id)()
             self.task = asyncio.create_task(self._run(last_id))
 
-    async def unsubscribe(self) -> None:
+    async def unsubscribe(self, user_id: int | None = None) -> None:
         self.subscribers = max(self.subscribers - 1, 0)
+        if user_id is not None and self.users[user_id] > 0:
+            self.users[user_id] -= 1
+            if not self.users[user_id]:
+                del self.users[user_id]
+                self.told.pop(user_id, None)
         if not self.subscribers and self.task is not None:
             self.task.cancel()
             self.task = None
+
+    async def _tell_changed_memberships(self, layer) -> None:
+        user_ids = list(self.users)
+        if not user_ids:
+            return
+        roles = await database_sync_to_async(members.roles_of)(user_ids)
+        for user_id in user_ids:
+            memberships = sorted([tenant_id, role] for tenant_id, role in roles[user_id].items())
+            if user_id in self.users and self.told.get(user_id) != memberships:
+                message = {"type": MEMBERSHIPS_CHANGED, "memberships": memberships}
+                await layer.group_send(user_group(user_id), message)
+                self.told[user_id] = memberships
 
     async def _run(self, last_id: int) -> None:
         layer = get_channel_layer()
@@ -58,6 +90,8 @@ class AuditTail:
             await asyncio.sleep(interval)
             try:
                 events = await database_sync_to_async(self._events_after)(last_id)
+                if events:
+                    await self._tell_changed_memberships(layer)
                 for event in events:
                     hint = hint_for(event)
                     await layer.group_send(group_for(event.tenant_id, hint), hint)

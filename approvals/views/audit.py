@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import json
-from collections.abc import Iterator
 
 from django.contrib.auth.decorators import login_required
 from django.http import (
@@ -129,13 +128,10 @@ def audit_export(request: HttpRequest, fmt: str) -> HttpResponse:
     if fmt == "csv":
         writer = csv.writer(_Echo())
 
-        def lines() -> Iterator[str]:
-            yield writer.writerow(history.EXPORT_FIELDS)
-            for row in history.export_rows(events):
-                row["detail"] = json.dumps(row["detail"], sort_keys=True)
-                yield writer.writerow([row[f] for f in history.EXPORT_FIELDS])
-
-        response = StreamingHttpResponse(lines(), content_type="text/csv; charset=utf-8")
+        response = StreamingHttpResponse(
+            (writer.writerow(row) for row in history.csv_rows(events)),
+            content_type="text/csv; charset=utf-8",
+        )
     else:
         response = StreamingHttpResponse(
             (json.dumps(row, sort_keys=True) + "\n" for row in history.export_rows(events)),

@@ -146,6 +146,7 @@ def test_delivery_changes_hint_the_tenants_admins_only(
             {
                 "type": "console.event",
                 "kind": "delivery.changed",
+                "tenant": tenant.pk,
                 "delivery": delivery.pk,
                 "status": "pending",
             },
@@ -223,6 +224,7 @@ def test_email_log_live_reread_and_email_hints_go_to_admins(
         {
             "type": "console.event",
             "kind": "delivery.changed",
+            "tenant": tenant.pk,
             "email": email.pk,
             "status": "pending",
         },

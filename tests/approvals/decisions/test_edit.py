@@ -16,7 +16,7 @@ from django.utils.html import escape
 from django_tasks_db.models import DBTaskResult
 
 from approvals.core.canonical import arguments_digest
-from approvals.decisions import edit, preauth
+from approvals.decisions import calls, edit, preauth
 from approvals.decisions.decide import decide
 from approvals.decisions.edit import edit_and_approve
 from approvals.decisions.errors import (
@@ -358,6 +358,43 @@ def test_edit_and_approve_refuses_arguments_outside_the_schema(setup, arguments,
     assert not PreAuthorization.objects.exists()
 
 
+def deeply_nested(levels: int) -> list:
+    value: list = []
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+def test_edit_and_approve_refuses_arguments_nested_too_deeply(setup):
+    _, ticket, approver = setup
+    arguments = {**EDITED, "release": deeply_nested(100_000)}
+
+    with pytest.raises(InvalidArgumentsError) as raised:
+        edit_and_approve(ticket, user=approver, arguments=arguments)
+
+    [problem] = raised.value.problems
+    assert problem.argument == "release"
+    assert "nested too deeply" in problem.message
+    assert Ticket.objects.get(pk=ticket.pk).status == TicketStatus.PENDING
+    assert not PreAuthorization.objects.exists()
+
+
+def test_the_schema_check_does_not_recurse_without_bound():
+    # A recursive schema would make the validator descend once per level of the value.
+    schema = {
+        "type": "object",
+        "properties": {"tree": {"$ref": "#/$defs/tree"}},
+        "$defs": {"tree": {"type": "array", "items": {"$ref": "#/$defs/tree"}}},
+    }
+
+    problems = calls.schema_problems(schema, {"tree": deeply_nested(5_000)})
+
+    assert [p.argument for p in problems] == ["tree"]
+    assert "nested too deeply" in problems[0].message
+    assert calls.schema_problems(schema, {"tree": deeply_nested(calls.MAX_DEPTH - 1)}) == []
+    assert calls.schema_problems(schema, {"tree": deeply_nested(calls.MAX_DEPTH)}) != []
+
+
 def test_edit_and_approve_with_unchanged_arguments_is_refused(setup):
     _, ticket, approver = setup
 
@@ -530,6 +567,28 @@ def test_edit_post_outside_the_schema_is_a_form_error_and_keeps_what_was_typed(
     assert Ticket.objects.get(pk=ticket.pk).status == TicketStatus.PENDING
     assert not PreAuthorization.objects.exists()
     assert not AuditEvent.objects.filter(action="ticket.edited").exists()
+
+
+@pytest.mark.parametrize(
+    ("changes", "field"),
+    [
+        ({"arg__labels": "[" * 100_000 + "]" * 100_000}, "arg__labels"),
+        ({"extra": '{"a":' * 100_000 + "1" + "}" * 100_000}, "extra"),
+        ({"arg__labels": "[" * 1_000 + "]" * 1_000}, "arg__labels"),
+    ],
+    ids=["list", "extra-object", "within-the-parsers-limit"],
+)
+def test_edit_post_nested_too_deeply_is_a_form_error(client, scaler, changes, field):
+    ticket, approver = scaler
+    client.force_login(approver)
+
+    response = client.post(edit_url(ticket), scale_form(**changes))
+
+    assert response.status_code == 400
+    page = response.content.decode()
+    assert f'id="{field}-error">This value is nested too deeply' in page
+    assert Ticket.objects.get(pk=ticket.pk).status == TicketStatus.PENDING
+    assert not PreAuthorization.objects.exists()
 
 
 def test_edit_post_with_nothing_changed_says_to_approve_instead(client, scaler):

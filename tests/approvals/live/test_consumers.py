@@ -7,12 +7,14 @@ from asgiref.sync import async_to_sync
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
+from django.db import transaction
 
+from approvals.audit import chain as audit
 from approvals.decisions import claims
 from approvals.decisions.decide import decide
-from approvals.live import tail
+from approvals.live import hints, tail
 from approvals.live.consumers import ConsoleConsumer
-from approvals.models import Role, Ticket
+from approvals.models import Membership, Role, Ticket
 from tests.support import (
     ORIGIN,
     SOCKET_PATH,
@@ -182,3 +184,85 @@ def test_consumer_hints_a_member_about_a_claim_on_its_tenants_ticket():
         f'data-kind="ticket.changed" data-run="{ticket.run_id}" data-ticket="{ticket.pk}">'
         f"Ticket #{ticket.pk} changed.</div>\n"
     )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_consumer_stops_hearing_a_tenant_as_soon_as_the_membership_is_deleted():
+    left, kept = TenantFactory(), TenantFactory()
+    user = member(left, Role.VIEWER, username="leaver")
+    member(kept, Role.VIEWER, username="leaver")
+    requester = member(left, Role.VIEWER)
+    before, after = (pending_ticket(left, requested_by=requester) for _ in range(2))
+    approver = member(left, Role.APPROVER)
+    kept_ticket = pending_ticket(kept, requested_by=member(kept, Role.VIEWER))
+    kept_approver = member(kept, Role.APPROVER)
+    cookie = session_cookie(user)
+
+    async def scenario():
+        await get_channel_layer().flush()
+        communicator = socket(ORIGIN, cookie)
+        connected, _ = await communicator.connect()
+        assert connected
+        try:
+            await database_sync_to_async(approve)(before, approver)
+            heard = [await communicator.receive_from(timeout=5) for _ in ("decided", "queued")]
+            await database_sync_to_async(
+                lambda: Membership.objects.filter(user=user, tenant=left).delete()
+            )()
+            await database_sync_to_async(approve)(after, approver)
+            quiet = await communicator.receive_nothing(timeout=0.5)
+            await database_sync_to_async(approve)(kept_ticket, kept_approver)
+            still = await communicator.receive_from(timeout=5)
+            return heard, quiet, still
+        finally:
+            await communicator.disconnect()
+
+    heard, quiet, still = async_to_sync(scenario)()
+
+    assert f'data-ticket="{before.pk}"' in heard[0]
+    assert f'data-run="{before.run_id}"' in heard[1]
+    assert quiet is True
+    assert f'data-ticket="{kept_ticket.pk}"' in still
+
+
+def delivery_changed(tenant) -> None:
+    """A delivery changed: the hint the tenant's admins hear, in either deployment mode."""
+    with transaction.atomic():
+        audit.append(tenant_id=tenant.pk, action="webhook.delivered", actor_name="notifier")
+        hints.notify_admins_on_commit(tenant.pk, status="delivered")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_consumer_stops_hearing_the_admins_hints_once_the_admin_is_downgraded():
+    tenant = TenantFactory()
+    admin = member(tenant, Role.ADMIN)
+    ticket = pending_ticket(tenant, requested_by=member(tenant, Role.VIEWER))
+    approver = member(tenant, Role.APPROVER)
+    cookie = session_cookie(admin)
+
+    async def scenario():
+        await get_channel_layer().flush()
+        communicator = socket(ORIGIN, cookie)
+        connected, _ = await communicator.connect()
+        assert connected
+        try:
+            await database_sync_to_async(delivery_changed)(tenant)
+            heard = await communicator.receive_from(timeout=5)
+            await database_sync_to_async(
+                lambda: Membership.objects.update_or_create(
+                    user=admin, tenant=tenant, defaults={"role": Role.APPROVER}
+                )
+            )()
+            await database_sync_to_async(delivery_changed)(tenant)
+            quiet = await communicator.receive_nothing(timeout=0.5)
+            await database_sync_to_async(approve)(ticket, approver)
+            still = await communicator.receive_from(timeout=5)
+            return heard, quiet, still
+        finally:
+            await communicator.disconnect()
+
+    heard, quiet, still = async_to_sync(scenario)()
+
+    assert 'data-kind="delivery.changed"' in heard
+    assert quiet is True
+    assert f'data-ticket="{ticket.pk}"' in still

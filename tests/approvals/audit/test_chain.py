@@ -2,21 +2,23 @@
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-from contextlib import contextmanager
 from io import StringIO
 
 import pytest
 from django.core.management import CommandError, call_command
 from django.db import connection, transaction
 from django.db.utils import IntegrityError, ProgrammingError
-from django.utils import timezone
 
 from approvals.audit import chain as audit
-from approvals.audit import guard
 from approvals.models import AuditEvent, Tenant
-from tests.support import TenantFactory
+from tests.support import (
+    TenantFactory,
+    append_unkeyed,
+    audit_guard_lifted,
+    hmac_link,
+    plain_sha256_link,
+    relink_audit_tail,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -32,15 +34,6 @@ def _append(tenant: Tenant, action: str = "run.paused", **fields) -> AuditEvent:
 
 def _chain(tenant: Tenant, length: int) -> list[AuditEvent]:
     return [_append(tenant, outcome=f"step {n}") for n in range(1, length + 1)]
-
-
-@contextmanager
-def _guard_lifted():
-    guard.remove(connection)
-    try:
-        yield
-    finally:
-        guard.install(connection)
 
 
 def _assert_refused(excinfo, operation: str) -> None:
@@ -228,7 +221,7 @@ def test_verify_chain_empty_is_ok():
 def test_verify_chain_edited_field_is_detected():
     tenant = TenantFactory(slug="acme")
     events = _chain(tenant, 4)
-    with _guard_lifted():
+    with audit_guard_lifted():
         AuditEvent.objects.filter(pk=events[1].pk).update(outcome="approved")
 
         report = audit.verify_chain(tenant)
@@ -241,7 +234,7 @@ def test_verify_chain_edited_field_is_detected():
 def test_verify_chain_edited_detail_is_detected():
     tenant = TenantFactory(slug="acme")
     events = _chain(tenant, 3)
-    with _guard_lifted():
+    with audit_guard_lifted():
         AuditEvent.objects.filter(pk=events[2].pk).update(detail={"message": "forged"})
 
         report = audit.verify_chain(tenant)
@@ -257,7 +250,7 @@ def test_verify_chain_edited_detail_is_detected():
 def test_verify_chain_edited_event_with_recomputed_hash_is_detected_at_the_next_link():
     tenant = TenantFactory(slug="acme")
     events = _chain(tenant, 4)
-    with _guard_lifted():
+    with audit_guard_lifted():
         forged = AuditEvent.objects.get(pk=events[1].pk)
         forged.outcome = "approved"
         forged.hash = audit.event_hash(forged)
@@ -273,7 +266,7 @@ def test_verify_chain_edited_event_with_recomputed_hash_is_detected_at_the_next_
 def test_verify_chain_deleted_middle_event_is_detected():
     tenant = TenantFactory(slug="acme")
     events = _chain(tenant, 4)
-    with _guard_lifted():
+    with audit_guard_lifted():
         AuditEvent.objects.filter(pk=events[1].pk).delete()
 
         report = audit.verify_chain(tenant)
@@ -284,7 +277,7 @@ def test_verify_chain_deleted_middle_event_is_detected():
 def test_verify_chain_deleted_last_event_is_detected():
     tenant = TenantFactory(slug="acme")
     events = _chain(tenant, 4)
-    with _guard_lifted():
+    with audit_guard_lifted():
         AuditEvent.objects.filter(pk=events[3].pk).delete()
 
         report = audit.verify_chain(tenant)
@@ -299,7 +292,7 @@ def test_verify_chain_break_in_one_tenant_leaves_the_other_ok():
     globex = TenantFactory(slug="globex")
     acme_events = _chain(acme, 3)
     _chain(globex, 2)
-    with _guard_lifted():
+    with audit_guard_lifted():
         AuditEvent.objects.filter(pk=acme_events[0].pk).update(actor_name="mallory")
 
         acme_report = audit.verify_chain(acme)
@@ -311,7 +304,7 @@ def test_verify_chain_break_in_one_tenant_leaves_the_other_ok():
 
 def test_guard_lifted_is_reinstalled_afterwards():
     event = _append(TenantFactory())
-    with _guard_lifted():
+    with audit_guard_lifted():
         pass
 
     with pytest.raises(REFUSAL[connection.vendor]), transaction.atomic():
@@ -342,7 +335,7 @@ def test_verify_audit_command_broken_chain_exits_1_naming_the_event():
     events = _chain(tenant, 3)
     _chain(TenantFactory(slug="globex"), 1)
     out, err = StringIO(), StringIO()
-    with _guard_lifted():
+    with audit_guard_lifted():
         AuditEvent.objects.filter(pk=events[1].pk).update(tool_name="deploy_release")
 
         with pytest.raises(SystemExit) as excinfo:
@@ -359,7 +352,7 @@ def test_verify_audit_command_deleted_tail_exits_1_without_an_id():
     tenant = TenantFactory(slug="acme")
     events = _chain(tenant, 2)
     err = StringIO()
-    with _guard_lifted():
+    with audit_guard_lifted():
         AuditEvent.objects.filter(pk=events[1].pk).delete()
 
         with pytest.raises(SystemExit) as excinfo:
@@ -391,44 +384,20 @@ def test_verify_audit_command_unknown_tenant_is_a_command_error():
 # --- an attacker with database write access -------------------------------------------------
 
 
-def _relink_from(tenant: Tenant, seq: int, link) -> None:
-    """Recompute the hash of every event from #seq on with link(prev_hash, payload), as an
-    attacker with write access would, and move the tenant's head to the last one."""
-    with _guard_lifted():
-        previous = AuditEvent.objects.filter(tenant=tenant, seq=seq - 1).first()
-        prev = previous.hash if previous else audit.GENESIS
-        for event in AuditEvent.objects.filter(tenant=tenant, seq__gte=seq).order_by("seq"):
-            event.prev_hash = prev
-            event.hash = link(prev, audit._event_payload(event))
-            AuditEvent.objects.filter(pk=event.pk).update(
-                prev_hash=event.prev_hash, hash=event.hash
-            )
-            prev = event.hash
-        Tenant.objects.filter(pk=tenant.pk).update(audit_head=prev)
-
-
-def _plain_sha256(prev: str, payload: str) -> str:
-    return hashlib.sha256(f"{prev}\n{payload}".encode()).hexdigest()
-
-
-def _hmac_with(key: bytes):
-    return lambda prev, payload: hmac.new(key, f"{prev}\n{payload}".encode(), "sha256").hexdigest()
-
-
 @pytest.mark.parametrize(
     "link",
-    [_plain_sha256, _hmac_with(b"w" * 32)],
+    [plain_sha256_link, hmac_link(b"w" * 32)],
     ids=["plain-sha256", "hmac-with-a-wrong-key"],
 )
 def test_verify_audit_edited_event_with_every_later_hash_recomputed_is_detected(link):
     tenant = TenantFactory(slug="acme")
     events = _chain(tenant, 4)
-    with _guard_lifted():
+    with audit_guard_lifted():
         AuditEvent.objects.filter(pk=events[1].pk).update(outcome="approved")
-    _relink_from(tenant, 2, link)
+    relink_audit_tail(tenant, 2, link)
     err = StringIO()
 
-    with _guard_lifted(), pytest.raises(SystemExit) as excinfo:
+    with audit_guard_lifted(), pytest.raises(SystemExit) as excinfo:
         call_command("verify_audit", stdout=StringIO(), stderr=err)
 
     assert excinfo.value.code == 1
@@ -439,12 +408,12 @@ def test_verify_audit_edited_event_with_its_tail_relinked_unkeyed_is_detected():
     """The tail rewritten in the form events had before the chain had a key."""
     tenant = TenantFactory(slug="acme")
     events = _chain(tenant, 4)
-    with _guard_lifted():
+    with audit_guard_lifted():
         AuditEvent.objects.filter(pk=events[1].pk).update(outcome="approved", hash_key_id="")
         AuditEvent.objects.filter(seq__gt=2).update(hash_key_id="")
-    _relink_from(tenant, 2, _plain_sha256)
+    relink_audit_tail(tenant, 2, plain_sha256_link)
 
-    with _guard_lifted():
+    with audit_guard_lifted():
         report = audit.verify_chain(tenant)
 
     assert report == audit.ChainReport(
@@ -459,7 +428,7 @@ K2 = b"2" * 32
 
 
 def _payload_link(event: AuditEvent, key: bytes) -> str:
-    return _hmac_with(key)(event.prev_hash, audit._event_payload(event))
+    return hmac_link(key)(event.prev_hash, audit._event_payload(event))
 
 
 def test_append_links_with_hmac_sha256_under_the_first_audit_key(settings):
@@ -472,7 +441,7 @@ def test_append_links_with_hmac_sha256_under_the_first_audit_key(settings):
     assert (first.hash_key_id, second.hash_key_id) == ("a1", "a1")
     assert first.hash == _payload_link(first, K1)
     assert second.hash == _payload_link(second, K1)
-    assert first.hash != _plain_sha256(first.prev_hash, audit._event_payload(first))
+    assert first.hash != plain_sha256_link(first.prev_hash, audit._event_payload(first))
 
 
 def test_key_rotation_old_events_verify_and_new_ones_use_the_new_key(settings):
@@ -507,11 +476,11 @@ def test_verify_chain_event_relinked_with_a_key_id_of_the_ring_but_another_key_i
     settings.APPROVALS_AUDIT_KEYS = [("a1", K1)]
     tenant = TenantFactory(slug="acme")
     events = _chain(tenant, 3)
-    with _guard_lifted():
+    with audit_guard_lifted():
         AuditEvent.objects.filter(pk=events[2].pk).update(outcome="approved")
-    _relink_from(tenant, 3, _hmac_with(K2))
+    relink_audit_tail(tenant, 3, hmac_link(K2))
 
-    with _guard_lifted():
+    with audit_guard_lifted():
         report = audit.verify_chain(tenant)
 
     assert report == audit.ChainReport(
@@ -534,38 +503,18 @@ def test_verify_chain_head_moved_to_another_hash_at_the_same_seq_is_detected():
 # --- events from before the chain had a key (legacy) -------------------------------------------
 
 
-def _append_unkeyed(tenant: Tenant, outcome: str = "legacy") -> AuditEvent:
-    """An event as append() wrote it before the chain had a key: no key id, plain SHA-256."""
-    with transaction.atomic():
-        row = Tenant.objects.select_for_update().get(pk=tenant.pk)
-        event = AuditEvent(
-            tenant=row,
-            seq=row.audit_seq + 1,
-            created_at=timezone.now(),
-            actor_name="system",
-            action="run.paused",
-            outcome=outcome,
-            detail={},
-            prev_hash=row.audit_head or audit.GENESIS,
-        )
-        event.hash = _plain_sha256(event.prev_hash, audit._event_payload(event))
-        event.save(force_insert=True)
-        Tenant.objects.filter(pk=row.pk).update(audit_seq=event.seq, audit_head=event.hash)
-    return event
-
-
 def test_legacy_events_without_a_key_id_verify_and_are_counted():
     tenant = TenantFactory(slug="acme")
     for _ in range(3):
-        _append_unkeyed(tenant)
+        append_unkeyed(tenant)
 
     assert audit.verify_chain(tenant) == audit.ChainReport("acme", 3, True, unkeyed=3)
 
 
 def test_legacy_events_followed_by_keyed_ones_verify():
     tenant = TenantFactory(slug="acme")
-    _append_unkeyed(tenant)
-    _append_unkeyed(tenant)
+    append_unkeyed(tenant)
+    append_unkeyed(tenant)
 
     _chain(tenant, 2)
 
@@ -574,9 +523,9 @@ def test_legacy_events_followed_by_keyed_ones_verify():
 
 def test_an_unkeyed_event_after_a_keyed_one_is_a_break():
     tenant = TenantFactory(slug="acme")
-    _append_unkeyed(tenant)
+    append_unkeyed(tenant)
     _chain(tenant, 1)
-    late = _append_unkeyed(tenant)
+    late = append_unkeyed(tenant)
 
     report = audit.verify_chain(tenant)
 
@@ -587,8 +536,8 @@ def test_an_unkeyed_event_after_a_keyed_one_is_a_break():
 
 def test_verify_audit_command_reports_the_unkeyed_events_of_each_tenant():
     acme = TenantFactory(slug="acme")
-    _append_unkeyed(acme)
-    _append_unkeyed(acme)
+    append_unkeyed(acme)
+    append_unkeyed(acme)
     _chain(acme, 1)
     _chain(TenantFactory(slug="globex"), 2)
     out = StringIO()
@@ -607,9 +556,9 @@ def test_a_whole_chain_rewritten_unkeyed_passes_the_chain_alone_counted_as_legac
     (tests/approvals/management/test_audit_commands.py)."""
     tenant = TenantFactory(slug="acme")
     events = _chain(tenant, 3)
-    with _guard_lifted():
+    with audit_guard_lifted():
         AuditEvent.objects.filter(pk=events[1].pk).update(outcome="approved")
         AuditEvent.objects.filter(tenant=tenant).update(hash_key_id="")
-    _relink_from(tenant, 1, _plain_sha256)
+    relink_audit_tail(tenant, 1, plain_sha256_link)
 
     assert audit.verify_chain(tenant) == audit.ChainReport("acme", 3, True, unkeyed=3)

@@ -14,6 +14,8 @@ class Migration(migrations.Migration):
 
     SQLite adds a column with a default by copying the table into a new one, which leaves the
     append-only triggers behind: they are installed again after the change, either way.
+    Events already there get no key id (legacy, plain SHA-256) and verify as before. Migrating
+    back past it drops the key ids: the events linked with a key since then no longer verify.
     """
 
     dependencies = [("approvals", "0007_policy_retired")]

@@ -19,6 +19,12 @@ logger = logging.getLogger(__name__)
 # event=<AuditEvent>: the transaction that appended the event has committed.
 audit_event_committed = Signal()
 
+# event=<AuditEvent audit.checkpointed>, checkpoint=<dict>: a tenant's chain head was signed
+# into a checkpoint (manage.py audit_checkpoint) and the event recording it has committed.
+# checkpoint is {"statement": {...}, "signature": base64, "public_key": base64}, as
+# approvals.audit.checkpoints describes: the tenant's own statement, no other tenant's.
+audit_checkpointed = Signal()
+
 # run=<Run>: a run's paused state has been stored (its first pause, or a pause after a resume).
 run_paused = Signal()
 

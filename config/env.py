@@ -112,8 +112,14 @@ def sqlite_database(file: Path) -> dict:
     }
 
 
-def parse_encryption_keys(raw: str) -> list[tuple[str, bytes]]:
-    """Parse 'id:base64key,id2:base64key2'; the first key is the primary."""
+def parse_encryption_keys(
+    raw: str, *, name: str = "APPROVALS_ENCRYPTION_KEYS", algorithm: str = "AES-256"
+) -> list[tuple[str, bytes]]:
+    """Parse a key ring 'id:base64key,id2:base64key2' of 32-byte keys; the first is the primary.
+
+    The one parser of the console's key rings: APPROVALS_ENCRYPTION_KEYS (AES-256) and
+    APPROVALS_AUDIT_KEYS (HMAC-SHA256); name and algorithm only word its errors.
+    """
     keys: list[tuple[str, bytes]] = []
     for entry in raw.split(","):
         entry = entry.strip()
@@ -122,48 +128,83 @@ def parse_encryption_keys(raw: str) -> list[tuple[str, bytes]]:
         key_id, sep, encoded = entry.partition(":")
         if not sep or not _KEY_ID.match(key_id):
             raise ImproperlyConfigured(
-                "APPROVALS_ENCRYPTION_KEYS must be 'keyid:base64key[,keyid:base64key]' "
+                f"{name} must be 'keyid:base64key[,keyid:base64key]' "
                 "with key ids of letters, digits, '.', '_' or '-'"
             )
-        try:
-            key = base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4))
-        except (binascii.Error, ValueError):
-            raise ImproperlyConfigured(
-                f"APPROVALS_ENCRYPTION_KEYS: key {key_id!r} is not valid base64"
-            ) from None
+        key = _decode_key(encoded, f"{name}: key {key_id!r}")
         if len(key) != 32:
             raise ImproperlyConfigured(
-                f"APPROVALS_ENCRYPTION_KEYS: key {key_id!r} is {len(key)} bytes, AES-256 needs 32"
+                f"{name}: key {key_id!r} is {len(key)} bytes, {algorithm} needs 32"
             )
         if any(existing == key_id for existing, _ in keys):
-            raise ImproperlyConfigured(f"APPROVALS_ENCRYPTION_KEYS: key id {key_id!r} repeats")
+            raise ImproperlyConfigured(f"{name}: key id {key_id!r} repeats")
         keys.append((key_id, key))
     if not keys:
-        raise ImproperlyConfigured("APPROVALS_ENCRYPTION_KEYS holds no key")
+        raise ImproperlyConfigured(f"{name} holds no key")
     return keys
 
 
+def parse_signing_key(raw: str, *, name: str = "APPROVALS_AUDIT_SIGNING_KEY") -> bytes:
+    """A base64 raw Ed25519 private key (32 bytes; any 32 bytes are one)."""
+    key = _decode_key(raw.strip(), name)
+    if len(key) != 32:
+        raise ImproperlyConfigured(
+            f"{name} is {len(key)} bytes, an Ed25519 private key is 32 (base64 of the raw key)"
+        )
+    return key
+
+
+def _decode_key(encoded: str, what: str) -> bytes:
+    try:
+        return base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4))
+    except (binascii.Error, ValueError):
+        raise ImproperlyConfigured(f"{what} is not valid base64") from None
+
+
 def new_encryption_key() -> str:
+    """32 random bytes in base64: an AES-256 key, an HMAC-SHA256 key or an Ed25519 private key."""
     return base64.urlsafe_b64encode(secrets.token_bytes(32)).decode().rstrip("=")
 
 
+# The secrets development generates into .dev-keys.env and production requires from the
+# environment (config.settings).
+DEV_SECRETS = (
+    "DJANGO_SECRET_KEY",
+    "APPROVALS_ENCRYPTION_KEYS",
+    "APPROVALS_AUDIT_KEYS",
+    "APPROVALS_AUDIT_SIGNING_KEY",
+)
+
+
+def _new_dev_secret(name: str) -> str:
+    if name == "DJANGO_SECRET_KEY":
+        return secrets.token_urlsafe(50)
+    if name == "APPROVALS_AUDIT_SIGNING_KEY":
+        return new_encryption_key()
+    return f"dev1:{new_encryption_key()}"
+
+
 def load_dev_secrets(path: Path) -> dict[str, str]:
-    """Read, or create with a warning, the git-ignored file of development secrets."""
-    if not path.exists():
-        values = {
-            "DJANGO_SECRET_KEY": secrets.token_urlsafe(50),
-            "APPROVALS_ENCRYPTION_KEYS": f"dev1:{new_encryption_key()}",
-        }
-        path.write_text("".join(f"{k}={v}\n" for k, v in values.items()))
-        path.chmod(0o600)
-        print(
-            f"WARNING: generated development secrets in {path.name} (git-ignored). "
-            "Set DJANGO_SECRET_KEY and APPROVALS_ENCRYPTION_KEYS for any real deployment.",
-            file=sys.stderr,
-        )
+    """Read, or create with a warning, the git-ignored file of development secrets.
+
+    A file written before a secret was added gets the missing one appended, with the same
+    warning; the ones it holds are kept.
+    """
     values = {}
-    for line in path.read_text().splitlines():
+    text = path.read_text() if path.exists() else ""
+    for line in text.splitlines():
         key, sep, value = line.partition("=")
         if sep:
             values[key.strip()] = value.strip()
+    missing = {name: _new_dev_secret(name) for name in DEV_SECRETS if not values.get(name)}
+    if missing:
+        lines = "".join(f"{k}={v}\n" for k, v in missing.items())
+        path.write_text(text + ("\n" if text and not text.endswith("\n") else "") + lines)
+        path.chmod(0o600)
+        print(
+            f"WARNING: generated development secrets in {path.name} (git-ignored): "
+            f"{', '.join(missing)}. Set {', '.join(DEV_SECRETS)} for any real deployment.",
+            file=sys.stderr,
+        )
+        values |= missing
     return values

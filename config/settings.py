@@ -13,6 +13,7 @@ from pathlib import Path
 from django.core.exceptions import ImproperlyConfigured
 
 from config.env import (
+    DEV_SECRETS,
     database_from_url,
     env_bool,
     env_int,
@@ -21,6 +22,7 @@ from config.env import (
     env_url,
     load_dev_secrets,
     parse_encryption_keys,
+    parse_signing_key,
     sqlite_database,
 )
 
@@ -34,14 +36,14 @@ if APPROVALS_ENV not in {"development", "production"}:
 PRODUCTION = APPROVALS_ENV == "production"
 
 if PRODUCTION:
-    for required in ("DJANGO_SECRET_KEY", "APPROVALS_ENCRYPTION_KEYS", "DJANGO_ALLOWED_HOSTS"):
+    for required in (*DEV_SECRETS, "DJANGO_ALLOWED_HOSTS"):
         if not os.environ.get(required):
             raise ImproperlyConfigured(f"{required} must be set when APPROVALS_ENV=production")
     _dev_secrets: dict[str, str] = {}
 else:
     _dev_secrets = (
         {}
-        if os.environ.get("DJANGO_SECRET_KEY") and os.environ.get("APPROVALS_ENCRYPTION_KEYS")
+        if all(os.environ.get(name) for name in DEV_SECRETS)
         else load_dev_secrets(BASE_DIR / ".dev-keys.env")
     )
 
@@ -198,6 +200,18 @@ LOGGING = {
 
 APPROVALS_ENCRYPTION_KEYS = parse_encryption_keys(
     env_str("APPROVALS_ENCRYPTION_KEYS") or _dev_secrets["APPROVALS_ENCRYPTION_KEYS"]
+)
+# The audit chain's HMAC-SHA256 keys (approvals.core.signatures): the first links new events,
+# all verify. Never stored in the database; a retired key stays here as long as the events it
+# linked must verify (docs/AUDIT.md).
+APPROVALS_AUDIT_KEYS = parse_encryption_keys(
+    env_str("APPROVALS_AUDIT_KEYS") or _dev_secrets["APPROVALS_AUDIT_KEYS"],
+    name="APPROVALS_AUDIT_KEYS",
+    algorithm="HMAC-SHA256",
+)
+# The Ed25519 private key that signs audit checkpoints (manage.py audit_checkpoint).
+APPROVALS_AUDIT_SIGNING_KEY = parse_signing_key(
+    env_str("APPROVALS_AUDIT_SIGNING_KEY") or _dev_secrets["APPROVALS_AUDIT_SIGNING_KEY"]
 )
 
 # agent key -> version -> dotted path of a factory (no required arguments) that builds the

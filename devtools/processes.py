@@ -40,15 +40,16 @@ def database_url() -> str:
 
 def child_env(**extra: str) -> dict[str, str]:
     """The environment of a child that must see this process's database, keys and effect log."""
-    keys = ",".join(
-        f"{key_id}:{base64.urlsafe_b64encode(key).decode()}"
-        for key_id, key in settings.APPROVALS_ENCRYPTION_KEYS
-    )
     env = {
         **os.environ,
         "DATABASE_URL": database_url(),
         "DJANGO_SECRET_KEY": settings.SECRET_KEY,
-        "APPROVALS_ENCRYPTION_KEYS": keys,
+        "APPROVALS_ENCRYPTION_KEYS": _ring(settings.APPROVALS_ENCRYPTION_KEYS),
+        # The audit chain's keys: a child links its events as this process would.
+        "APPROVALS_AUDIT_KEYS": _ring(settings.APPROVALS_AUDIT_KEYS),
+        "APPROVALS_AUDIT_SIGNING_KEY": base64.urlsafe_b64encode(
+            settings.APPROVALS_AUDIT_SIGNING_KEY
+        ).decode(),
         "APPROVALS_DEMO_EFFECT_LOG": str(settings.APPROVALS_DEMO_EFFECT_LOG),
         # A worker delivering webhooks refuses or allows private targets as this process does.
         "NOTIFICATIONS_ALLOW_PRIVATE_WEBHOOKS": "1"
@@ -59,6 +60,10 @@ def child_env(**extra: str) -> dict[str, str]:
     env.pop("OPENAI_API_KEY", None)
     env.update(extra)
     return env
+
+
+def _ring(keys: list[tuple[str, bytes]]) -> str:
+    return ",".join(f"{key_id}:{base64.urlsafe_b64encode(key).decode()}" for key_id, key in keys)
 
 
 def free_port() -> int:

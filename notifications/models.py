@@ -21,6 +21,8 @@ class Event(models.TextChoices):
     TICKET_ESCALATED = "ticket.escalated", "Ticket escalated"
     RUN_COMPLETED = "run.completed", "Run completed"
     RUN_FAILED = "run.failed", "Run failed, expired or in doubt"
+    # The tenant's audit chain head, signed (manage.py audit_checkpoint): webhooks only.
+    AUDIT_CHECKPOINT = "audit.checkpoint", "Audit checkpoint"
 
 
 class WebhookEndpoint(models.Model):

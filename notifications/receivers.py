@@ -1,8 +1,9 @@
 """What notifications hears from approvals (approvals.signals), connected in AppConfig.ready.
 
 A committed audit event may notify someone: cheap and never raising into the caller (audit
-sends the signal robustly and logs a failure). The worker's housekeeping gives lost deliveries
-their task again, and a key rotation re-seals the webhook secrets.
+sends the signal robustly and logs a failure); a signed audit checkpoint goes to the tenant's
+webhooks. The worker's housekeeping gives lost deliveries their task again, and a key rotation
+re-seals the webhook secrets.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from django.dispatch import receiver
 
 from approvals.signals import (
     Rotation,
+    audit_checkpointed,
     audit_event_committed,
     secrets_rotating,
     worker_housekeeping,
@@ -21,6 +23,11 @@ from notifications import deliveries, endpoints, fan_out
 @receiver(audit_event_committed, dispatch_uid="notifications.fan_out")
 def _fan_out(sender, event, **kwargs) -> None:
     fan_out.fan_out(audit_event=event)
+
+
+@receiver(audit_checkpointed, dispatch_uid="notifications.checkpoint")
+def _checkpoint(sender, event, checkpoint, **kwargs) -> None:
+    fan_out.fan_out_checkpoint(audit_event=event, checkpoint=checkpoint)
 
 
 @receiver(worker_housekeeping, dispatch_uid="notifications.requeue_stale")

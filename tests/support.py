@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import time
 from collections.abc import Callable
+from contextlib import contextmanager
 
 import factory
 from agents import Agent, Runner
@@ -12,10 +15,13 @@ from agents.testing import ScriptedModel, assistant_message, function_call
 from channels.testing import WebsocketCommunicator
 from django.conf import settings as django_settings
 from django.contrib.auth import get_user_model
+from django.db import connection, transaction
 from django.test import Client
+from django.utils import timezone
 
+from approvals.audit import chain, guard
 from approvals.execution import registry
-from approvals.models import Membership, Role, Run, Tenant, Ticket
+from approvals.models import AuditEvent, Membership, Role, Run, Tenant, Ticket
 from approvals.runs.pause import pause_run
 from config.asgi import application
 from devtools import demo
@@ -160,8 +166,68 @@ SETTINGS_VARIABLES = (
     "DATABASE_URL",
     "DJANGO_SECRET_KEY",
     "APPROVALS_ENCRYPTION_KEYS",
+    "APPROVALS_AUDIT_KEYS",
+    "APPROVALS_AUDIT_SIGNING_KEY",
     "DJANGO_ALLOWED_HOSTS",
     "DJANGO_DEBUG",
     "NOTIFICATIONS_ALLOW_PRIVATE_WEBHOOKS",
     "REDIS_URL",
 )
+
+
+# --- the audit chain as an attacker with write access to the database changes it ---------------
+
+
+@contextmanager
+def audit_guard_lifted():
+    """The audit table's append-only triggers dropped for the block, as a database superuser
+    could; put back after it."""
+    guard.remove(connection)
+    try:
+        yield
+    finally:
+        guard.install(connection)
+
+
+def relink_audit_tail(tenant: Tenant, seq: int, link) -> None:
+    """Recompute the hash of every event from #seq on with link(prev_hash, payload), as an
+    attacker with write access would, and move the tenant's head to the last one."""
+    with audit_guard_lifted():
+        previous = AuditEvent.objects.filter(tenant=tenant, seq=seq - 1).first()
+        prev = previous.hash if previous else chain.GENESIS
+        for event in AuditEvent.objects.filter(tenant=tenant, seq__gte=seq).order_by("seq"):
+            event.prev_hash = prev
+            event.hash = link(prev, chain._event_payload(event))
+            AuditEvent.objects.filter(pk=event.pk).update(
+                prev_hash=event.prev_hash, hash=event.hash
+            )
+            prev = event.hash
+        Tenant.objects.filter(pk=tenant.pk).update(audit_head=prev)
+
+
+def plain_sha256_link(prev: str, payload: str) -> str:
+    return hashlib.sha256(f"{prev}\n{payload}".encode()).hexdigest()
+
+
+def hmac_link(key: bytes):
+    return lambda prev, payload: hmac.new(key, f"{prev}\n{payload}".encode(), "sha256").hexdigest()
+
+
+def append_unkeyed(tenant: Tenant, outcome: str = "legacy") -> AuditEvent:
+    """An event as append() wrote it before the chain had a key: no key id, plain SHA-256."""
+    with transaction.atomic():
+        row = Tenant.objects.select_for_update().get(pk=tenant.pk)
+        event = AuditEvent(
+            tenant=row,
+            seq=row.audit_seq + 1,
+            created_at=timezone.now(),
+            actor_name="system",
+            action="run.paused",
+            outcome=outcome,
+            detail={},
+            prev_hash=row.audit_head or chain.GENESIS,
+        )
+        event.hash = plain_sha256_link(event.prev_hash, chain._event_payload(event))
+        event.save(force_insert=True)
+        Tenant.objects.filter(pk=row.pk).update(audit_seq=event.seq, audit_head=event.hash)
+    return event

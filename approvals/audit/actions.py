@@ -93,6 +93,14 @@ _ACTIONS = [
     Action("auth.sign_in_failed", "Sign-in failed", "auth.sign_in_failed"),
     Action("auth.locked_out", "Sign-in locked out", "auth.locked_out"),
     Action("audit.exported", "History exported", "audit.exported"),
+    # Delivered with its signed statement by the audit_checkpointed signal (approvals.signals),
+    # not by the plain fan-out of audit events.
+    Action(
+        "audit.checkpointed",
+        "Audit checkpoint signed",
+        "audit.checkpointed",
+        notify="audit.checkpoint",
+    ),
     Action("session.cleared", "Session cleared", "session.cleared"),
     Action("webhook.created", "Webhook created", DELIVERY_CHANGED),
     Action("webhook.changed", "Webhook changed", DELIVERY_CHANGED),
@@ -117,6 +125,7 @@ OUTCOMES: tuple[str, ...] = tuple(
             "failed",
             "rotated",
             "exported",
+            "checkpointed",
             "cleared",
             "locked_out",
             "changed",

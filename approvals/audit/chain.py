@@ -1,22 +1,30 @@
 """The append-only, hash-chained audit log.
 
-Each tenant has its own chain: an event's hash covers the previous event's hash and the
-event's own fields; the tenant row keeps the head, so a removed tail is found too.
+Each tenant has its own chain: an event's hash is an HMAC-SHA256, under a key from the
+environment (APPROVALS_AUDIT_KEYS, never the database), of the previous event's hash and the
+event's own fields; the event records which key linked it. The tenant row keeps the head, so a
+removed tail is found too (and a signed checkpoint outside the database finds a tail removed
+with its head moved back: audit.checkpoints).
+
+Events written before the chain had a key have no key id and plain SHA-256 links: they still
+verify as they are, but once a tenant's chain has a keyed event, an unkeyed one after it is a
+break.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from dataclasses import dataclass
 from datetime import UTC
 from typing import Any
 
 from django.db import connection
+from django.db.models import Count
 from django.utils import timezone
 
 from approvals import signals
 from approvals.audit import actions
+from approvals.core import signatures
 from approvals.core.canonical import canonical_json
 from approvals.core.redaction import redact
 from approvals.models import AuditEvent, Tenant
@@ -45,7 +53,14 @@ def _event_payload(event: AuditEvent) -> str:
 
 
 def event_hash(event: AuditEvent) -> str:
-    return hashlib.sha256(f"{event.prev_hash}\n{_event_payload(event)}".encode()).hexdigest()
+    """The event's link: HMAC-SHA256 under its key, or plain SHA-256 for an unkeyed event.
+
+    Raises signatures.UnknownAuditKeyError when its key is not in APPROVALS_AUDIT_KEYS.
+    """
+    message = f"{event.prev_hash}\n{_event_payload(event)}".encode()
+    if not event.hash_key_id:
+        return signatures.plain_link(message)
+    return signatures.link(event.hash_key_id, message)
 
 
 def append(
@@ -88,6 +103,7 @@ def append(
         # Defence in depth: callers pass safe facts, and anything secret-shaped is masked.
         detail=redact(detail or {}),
         prev_hash=tenant.audit_head or GENESIS,
+        hash_key_id=signatures.audit_key_id(),
     )
     event.hash = event_hash(event)
     event.save(force_insert=True)
@@ -120,6 +136,12 @@ def append_for_ticket(
     )
 
 
+def events_per_key() -> dict[str, int]:
+    """How many audit events each key id linked, over all tenants ("" for unkeyed ones)."""
+    rows = AuditEvent.objects.values_list("hash_key_id").annotate(n=Count("pk")).order_by()
+    return dict(rows)
+
+
 @dataclass(frozen=True)
 class ChainReport:
     tenant_slug: str
@@ -128,43 +150,56 @@ class ChainReport:
     broken_seq: int | None = None
     broken_event_id: int | None = None
     reason: str = ""
+    # Events linked before the chain had a key (plain SHA-256), among those read.
+    unkeyed: int = 0
 
 
-def verify_chain(tenant: Tenant) -> ChainReport:
-    """Recompute the tenant's chain from its first event to its recorded head."""
+def verify_chain(tenant: Tenant, *, head: tuple[int, str] | None = None) -> ChainReport:
+    """Recompute the tenant's chain from its first event to its recorded head.
+
+    head=(seq, hash) checks the chain up to that event, against that head, instead of the
+    tenant's (events appended meanwhile are left for the next check).
+    """
     expected_prev = GENESIS
     expected_seq = 1
     count = 0
-    events = AuditEvent.objects.filter(tenant=tenant).order_by("seq").iterator(chunk_size=2000)
-    for event in events:
+    unkeyed = 0
+    keyed_seen = False
+
+    def broken(seq: int, event_id: int | None, reason: str) -> ChainReport:
+        return ChainReport(tenant.slug, count, False, seq, event_id, reason, unkeyed)
+
+    events = AuditEvent.objects.filter(tenant=tenant).order_by("seq")
+    if head is not None:
+        events = events.filter(seq__lte=head[0])
+    for event in events.iterator(chunk_size=2000):
         count += 1
         if event.seq != expected_seq:
-            return ChainReport(
-                tenant.slug,
-                count,
-                False,
-                expected_seq,
-                event.pk,
-                f"event #{expected_seq} is missing",
-            )
+            return broken(expected_seq, event.pk, f"event #{expected_seq} is missing")
         if event.prev_hash != expected_prev:
-            return ChainReport(
-                tenant.slug, count, False, event.seq, event.pk, "previous-hash link is broken"
-            )
-        if event_hash(event) != event.hash:
-            return ChainReport(
-                tenant.slug, count, False, event.seq, event.pk, "contents differ from their hash"
-            )
+            return broken(event.seq, event.pk, "previous-hash link is broken")
+        if event.hash_key_id:
+            keyed_seen = True
+        elif keyed_seen:
+            return broken(event.seq, event.pk, "an unkeyed event after a keyed one")
+        else:
+            unkeyed += 1
+        try:
+            recomputed = event_hash(event)
+        except signatures.UnknownAuditKeyError:
+            reason = f"linked with key {event.hash_key_id!r}, which is not in APPROVALS_AUDIT_KEYS"
+            return broken(event.seq, event.pk, reason)
+        if recomputed != event.hash:
+            return broken(event.seq, event.pk, "contents differ from their hash")
         expected_prev = event.hash
         expected_seq += 1
-    tenant.refresh_from_db(fields=["audit_seq", "audit_head"])
-    if tenant.audit_seq != expected_seq - 1 or (tenant.audit_head or GENESIS) != expected_prev:
-        return ChainReport(
-            tenant.slug,
-            count,
-            False,
-            expected_seq,
-            None,
-            f"chain ends at #{expected_seq - 1} but the head says #{tenant.audit_seq}",
+    if head is None:
+        tenant.refresh_from_db(fields=["audit_seq", "audit_head"])
+        head = (tenant.audit_seq, tenant.audit_head or GENESIS)
+    if head[0] != expected_seq - 1:
+        return broken(
+            expected_seq, None, f"chain ends at #{expected_seq - 1} but the head says #{head[0]}"
         )
-    return ChainReport(tenant.slug, count, True)
+    if head[1] != expected_prev:
+        return broken(head[0], None, f"the head's hash is not that of event #{head[0]}")
+    return ChainReport(tenant.slug, count, True, unkeyed=unkeyed)

@@ -1,6 +1,7 @@
 """Encryption at rest: AES-256-GCM with associated data and key ids for rotation.
 
-The only module that imports `cryptography`. A sealed blob is (key id, nonce, ciphertext);
+With signatures.py (the audit chain's links and checkpoint signatures), the only module that
+imports `cryptography`. A sealed blob is (key id, nonce, ciphertext);
 the associated data names what the blob belongs to, so a blob moved to another row or tenant
 fails to open.
 """

@@ -49,6 +49,10 @@ class AuditEvent(models.Model):
     detail = models.JSONField(default=dict, blank=True)
     prev_hash = models.CharField(max_length=64)
     hash = models.CharField(max_length=64)
+    # The id of the APPROVALS_AUDIT_KEYS key whose HMAC-SHA256 linked this event (the key
+    # itself is never stored); "" for an event linked with plain SHA-256 before the chain had
+    # a key (approvals.audit.chain).
+    hash_key_id = models.CharField(max_length=32, blank=True, default="")
 
     class Meta:
         constraints = [

@@ -13,6 +13,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from approvals.audit import chain as audit
+from approvals.core import signatures
 from approvals.core.canonical import arguments_digest, canonical_arguments
 from approvals.models import AuditEvent, Run, Tenant, TicketStatus
 from devtools.bench.stats import summary_ms
@@ -118,6 +119,7 @@ def load_page_data(
             locked = Tenant.objects.select_for_update().get(pk=tenant.pk)
             prev = locked.audit_head or audit.GENESIS
             seq = locked.audit_seq
+            key_id = signatures.audit_key_id()
             rows = []
             start = now - timedelta(seconds=events_per_tenant * 3)
             for n in range(events_per_tenant):
@@ -136,6 +138,7 @@ def load_page_data(
                     outcome="done" if n % 4 == 3 else "pending",
                     detail={"n": n},
                     prev_hash=prev,
+                    hash_key_id=key_id,
                 )
                 event.hash = audit.event_hash(event)
                 prev = event.hash
@@ -154,6 +157,7 @@ def load_page_data(
                         json.dumps(event.detail),
                         event.prev_hash,
                         event.hash,
+                        event.hash_key_id,
                     )
                 )
             _copy(
@@ -172,6 +176,7 @@ def load_page_data(
                     "detail",
                     "prev_hash",
                     "hash",
+                    "hash_key_id",
                 ],
                 rows,
             )

@@ -42,12 +42,14 @@ print(json.dumps({
 def _seen_by_django(**overrides: str) -> dict:
     """What django.setup() makes of the settings in a process started with this environment."""
     env = {k: v for k, v in os.environ.items() if k not in SETTINGS_VARIABLES}
-    # Both secrets set, so that development settings never write .dev-keys.env.
+    # Every secret set, so that development settings never write .dev-keys.env.
     env.update(
         DJANGO_SETTINGS_MODULE="config.settings",
         DATABASE_URL="sqlite:///var/helper-devtools-settings.sqlite3",
         DJANGO_SECRET_KEY="test-secret-key-for-devtools-settings-tests",
         APPROVALS_ENCRYPTION_KEYS=f"k1:{KEY}",
+        APPROVALS_AUDIT_KEYS=f"a1:{KEY}",
+        APPROVALS_AUDIT_SIGNING_KEY=KEY,
         DJANGO_ALLOWED_HOSTS="console.example.com",
         **overrides,
     )

@@ -11,22 +11,32 @@ from pathlib import Path
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
-from config.env import database_from_url, new_encryption_key, parse_encryption_keys
+from config.env import (
+    DEV_SECRETS,
+    database_from_url,
+    load_dev_secrets,
+    new_encryption_key,
+    parse_encryption_keys,
+    parse_signing_key,
+)
 from tests.support import SETTINGS_VARIABLES
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 BASE = Path("/srv/console")
 KEY_A = base64.urlsafe_b64encode(b"a" * 32).decode()
 KEY_B = base64.urlsafe_b64encode(b"b" * 32).decode()
+KEY_C = base64.urlsafe_b64encode(b"c" * 32).decode()
 
 
 def _manage_check(**overrides: str | None) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in SETTINGS_VARIABLES}
-    # Both secrets set, so that development settings never write .dev-keys.env.
+    # Every secret set, so that development settings never write .dev-keys.env.
     env.update(
         DATABASE_URL="sqlite:///var/helper-c-settings.sqlite3",
         DJANGO_SECRET_KEY="test-secret-key-for-settings-tests",
         APPROVALS_ENCRYPTION_KEYS=f"k1:{KEY_A}",
+        APPROVALS_AUDIT_KEYS=f"a1:{KEY_B}",
+        APPROVALS_AUDIT_SIGNING_KEY=KEY_C,
     )
     for name, value in overrides.items():
         if value is None:
@@ -87,6 +97,23 @@ def test_manage_check_good_environment_passes():
             "DJANGO_SECRET_KEY must be set when APPROVALS_ENV=production",
         ),
         (
+            {"APPROVALS_ENV": "production", "APPROVALS_AUDIT_KEYS": None},
+            "APPROVALS_AUDIT_KEYS must be set when APPROVALS_ENV=production",
+        ),
+        (
+            {"APPROVALS_ENV": "production", "APPROVALS_AUDIT_SIGNING_KEY": None},
+            "APPROVALS_AUDIT_SIGNING_KEY must be set when APPROVALS_ENV=production",
+        ),
+        (
+            {"APPROVALS_AUDIT_KEYS": "a1:" + base64.urlsafe_b64encode(b"x" * 16).decode()},
+            "APPROVALS_AUDIT_KEYS: key 'a1' is 16 bytes, HMAC-SHA256 needs 32",
+        ),
+        (
+            {"APPROVALS_AUDIT_SIGNING_KEY": base64.urlsafe_b64encode(b"x" * 64).decode()},
+            "APPROVALS_AUDIT_SIGNING_KEY is 64 bytes, an Ed25519 private key is 32 "
+            "(base64 of the raw key)",
+        ),
+        (
             {"APPROVALS_ENV": "staging"},
             "APPROVALS_ENV='staging' must be 'development' or 'production'",
         ),
@@ -99,6 +126,10 @@ def test_manage_check_good_environment_passes():
         "debug-not-boolean",
         "private-webhooks-not-boolean",
         "production-without-secret-key",
+        "production-without-audit-keys",
+        "production-without-audit-signing-key",
+        "audit-key-too-short",
+        "signing-key-wrong-length",
         "unknown-env",
     ],
 )
@@ -118,6 +149,8 @@ def _setting(name: str, **overrides: str) -> str:
         DATABASE_URL="sqlite:///var/helper-c-settings.sqlite3",
         DJANGO_SECRET_KEY="test-secret-key-for-settings-tests",
         APPROVALS_ENCRYPTION_KEYS=f"k1:{KEY_A}",
+        APPROVALS_AUDIT_KEYS=f"a1:{KEY_B}",
+        APPROVALS_AUDIT_SIGNING_KEY=KEY_C,
         DJANGO_ALLOWED_HOSTS="console.example.com",
         **overrides,
     )
@@ -272,3 +305,67 @@ def test_parse_encryption_keys_bad_key_id_is_refused():
         parse_encryption_keys(f"key one:{KEY_A}")
 
     assert str(excinfo.value).startswith("APPROVALS_ENCRYPTION_KEYS must be 'keyid:base64key")
+
+
+def test_parse_encryption_keys_names_the_audit_ring_in_its_errors():
+    with pytest.raises(ImproperlyConfigured) as excinfo:
+        parse_encryption_keys(f"a1:{KEY_A},a1:{KEY_B}", name="APPROVALS_AUDIT_KEYS")
+
+    assert str(excinfo.value) == "APPROVALS_AUDIT_KEYS: key id 'a1' repeats"
+
+
+# --- parse_signing_key ----------------------------------------------------------------------
+
+
+def test_parse_signing_key_is_the_raw_32_bytes():
+    assert parse_signing_key(KEY_C) == b"c" * 32
+
+
+def test_parse_signing_key_not_base64_is_refused():
+    with pytest.raises(ImproperlyConfigured) as excinfo:
+        parse_signing_key("not*base64")
+
+    assert str(excinfo.value) == "APPROVALS_AUDIT_SIGNING_KEY is not valid base64"
+
+
+# --- load_dev_secrets -----------------------------------------------------------------------
+
+
+def test_load_dev_secrets_creates_every_secret_once(tmp_path, capsys):
+    path = tmp_path / ".dev-keys.env"
+
+    first = load_dev_secrets(path)
+    again = load_dev_secrets(path)
+
+    assert list(first) == list(DEV_SECRETS)
+    assert DEV_SECRETS == (
+        "DJANGO_SECRET_KEY",
+        "APPROVALS_ENCRYPTION_KEYS",
+        "APPROVALS_AUDIT_KEYS",
+        "APPROVALS_AUDIT_SIGNING_KEY",
+    )
+    assert again == first
+    assert parse_signing_key(first["APPROVALS_AUDIT_SIGNING_KEY"])
+    assert [k for k, _ in parse_encryption_keys(first["APPROVALS_AUDIT_KEYS"])] == ["dev1"]
+    assert first["APPROVALS_AUDIT_KEYS"] != first["APPROVALS_ENCRYPTION_KEYS"]
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert capsys.readouterr().err.count("WARNING: generated development secrets") == 1
+
+
+def test_load_dev_secrets_adds_the_audit_keys_to_an_older_file(tmp_path, capsys):
+    path = tmp_path / ".dev-keys.env"
+    path.write_text(f"DJANGO_SECRET_KEY=kept\nAPPROVALS_ENCRYPTION_KEYS=dev1:{KEY_A}")
+
+    values = load_dev_secrets(path)
+
+    assert (values["DJANGO_SECRET_KEY"], values["APPROVALS_ENCRYPTION_KEYS"]) == (
+        "kept",
+        f"dev1:{KEY_A}",
+    )
+    assert load_dev_secrets(path) == values
+    assert capsys.readouterr().err.splitlines() == [
+        "WARNING: generated development secrets in .dev-keys.env (git-ignored): "
+        "APPROVALS_AUDIT_KEYS, APPROVALS_AUDIT_SIGNING_KEY. Set DJANGO_SECRET_KEY, "
+        "APPROVALS_ENCRYPTION_KEYS, APPROVALS_AUDIT_KEYS, APPROVALS_AUDIT_SIGNING_KEY "
+        "for any real deployment."
+    ]

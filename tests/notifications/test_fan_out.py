@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 
 import pytest
@@ -59,6 +60,7 @@ def deliveries(endpoint) -> list[tuple[str, str]]:
         ("email.failed", {}, "", None),
         ("email.retried", {}, "", None),
         ("auth.sign_in_failed", {}, "", None),
+        ("audit.checkpointed", {}, "checkpointed", Event.AUDIT_CHECKPOINT),
     ],
 )
 def test_event_for_maps_audit_actions_to_notification_events(action, detail, outcome, expected):
@@ -177,3 +179,50 @@ def test_fan_out_without_endpoints_or_email_addresses_enqueues_nothing(
         paused_run(tenant, requested_by=member(tenant, Role.VIEWER))
 
     assert DBTaskResult.objects.count() == 0
+
+
+# --- signed audit checkpoints (fan_out_checkpoint) ----------------------------------------------
+
+
+def test_fan_out_of_the_checkpoint_audit_event_alone_sends_nothing(tenant, admin):
+    """The plain fan-out has no statement to send: the checkpoint's own signal does."""
+    endpoint, _ = make_endpoint(tenant, admin)
+    with transaction.atomic():
+        event = audit.append(
+            tenant_id=tenant.pk, action="audit.checkpointed", outcome="checkpointed"
+        )
+
+    assert fan_out.fan_out(audit_event=event) == []
+    assert deliveries(endpoint) == []
+
+
+def test_fan_out_checkpoint_reaches_the_tenants_active_endpoints_that_subscribed(tenant, admin):
+    wants, _ = make_endpoint(tenant, admin, events=[Event.AUDIT_CHECKPOINT])
+    every, _ = make_endpoint(tenant, admin)
+    inactive, _ = make_endpoint(tenant, admin, events=[Event.AUDIT_CHECKPOINT], active=False)
+    not_subscribed, _ = make_endpoint(tenant, admin, events=[Event.TICKET_CREATED])
+    elsewhere = TenantFactory(slug="globex")
+    foreign, _ = make_endpoint(elsewhere, member(elsewhere, Role.ADMIN))
+    with transaction.atomic():
+        event = audit.append(
+            tenant_id=tenant.pk, action="audit.checkpointed", outcome="checkpointed"
+        )
+    checkpoint = {"statement": {"tenant": "acme", "seq": 4}, "signature": "s", "public_key": "p"}
+
+    created = fan_out.fan_out_checkpoint(audit_event=event, checkpoint=checkpoint)
+    again = fan_out.fan_out_checkpoint(audit_event=event, checkpoint=checkpoint)
+
+    assert [d.endpoint_id for d in created] == [wants.pk, every.pk]
+    assert again == []
+    assert deliveries(wants) == deliveries(every) == [("audit.checkpoint", "audit.checkpointed")]
+    assert deliveries(inactive) == deliveries(not_subscribed) == deliveries(foreign) == []
+    assert json.loads(created[0].payload) == {
+        "id": f"acme:{event.seq}",
+        "event": "audit.checkpoint",
+        "action": "audit.checkpointed",
+        "tenant": "acme",
+        "checkpoint": checkpoint,
+        "time": event.created_at.isoformat(),
+        "url": "http://127.0.0.1:8000/audit/",
+    }
+    assert DBTaskResult.objects.filter(task_path=DELIVER_TASK).count() == 2

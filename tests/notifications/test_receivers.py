@@ -1,20 +1,30 @@
-"""What notifications does when approvals sends worker_housekeeping and secrets_rotating."""
+"""What notifications does when approvals sends audit_checkpointed, worker_housekeeping and
+secrets_rotating."""
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
+from io import StringIO
 
 import pytest
+from django.core.management import call_command
 from django.utils import timezone
 from django_tasks_db.models import DBTaskResult
 
+from approvals.audit import checkpoints
+from approvals.core import signatures
+from approvals.core.canonical import canonical_json
+from approvals.models import AuditEvent, Role
 from approvals.signals import Rotation, secrets_rotating, worker_housekeeping
 from notifications import receivers
+from notifications.deliveries import deliver_webhook_task
 from notifications.endpoints import endpoint_secret
-from notifications.models import Delivery, DeliveryStatus, EmailDelivery, WebhookEndpoint
+from notifications.models import Delivery, DeliveryStatus, EmailDelivery, Event, WebhookEndpoint
 from tests.notifications.conftest import make_endpoint
 from tests.notifications.test_deliveries import one_delivery
 from tests.notifications.test_email_log import email_row
+from tests.support import TenantFactory, member
 
 pytestmark = pytest.mark.django_db
 
@@ -82,3 +92,53 @@ def test_secrets_rotating_reseals_webhook_secrets_under_the_new_primary_key(
     assert endpoint_secret(stored) == secret
     # The one that cannot be opened stays as it was, under the old key.
     assert WebhookEndpoint.objects.get(pk=broken.pk).secret_key_id == old[0][0]
+
+
+def test_audit_checkpoint_reaches_a_receiver_on_loopback_as_a_signed_event(
+    tenant, admin, receiver, tmp_path, django_capture_on_commit_callbacks
+):
+    endpoint, secret = make_endpoint(
+        tenant, admin, url=receiver.url, events=[Event.AUDIT_CHECKPOINT]
+    )
+    receiver.secrets.append(secret)
+    globex = TenantFactory(slug="globex")
+    foreign, _ = make_endpoint(globex, member(globex, Role.ADMIN), events=[Event.AUDIT_CHECKPOINT])
+    path = tmp_path / "checkpoint.json"
+
+    with django_capture_on_commit_callbacks(execute=True):
+        call_command("audit_checkpoint", "--output", str(path), stdout=StringIO())
+    delivery = Delivery.objects.get(endpoint=endpoint)
+    result = deliver_webhook_task.call(delivery.pk)
+
+    assert result == "delivered"
+    assert [(r.line, r.verified) for r in receiver.received] == [
+        ("verified audit.checkpoint", True)
+    ]
+    payload = json.loads(receiver.received[0].body)
+    checkpointed = AuditEvent.objects.get(tenant=tenant, action="audit.checkpointed")
+    assert (payload["id"], payload["event"], payload["tenant"]) == (
+        f"acme:{checkpointed.seq}",
+        "audit.checkpoint",
+        "acme",
+    )
+    # The statement the file holds for this tenant, signed with the checkpoint's key: a
+    # receiver checks it with the public key alone, and keeps it outside the console.
+    (statement,) = [
+        s
+        for s in checkpoints.load(path.read_text(), public_key=signatures.public_key())
+        if s.tenant == "acme"
+    ]
+    checkpoint = payload["checkpoint"]
+    assert checkpoint["statement"] == statement.fields()
+    assert checkpoint["public_key"] == signatures.public_key()
+    signatures.verify(
+        checkpoint["public_key"],
+        checkpoint["signature"],
+        canonical_json(checkpoint["statement"]).encode(),
+    )
+    # Each tenant's webhooks get its own statement, never another tenant's.
+    foreign_payload = json.loads(Delivery.objects.get(endpoint=foreign).payload)
+    assert (foreign_payload["tenant"], foreign_payload["checkpoint"]["statement"]["tenant"]) == (
+        "globex",
+        "globex",
+    )

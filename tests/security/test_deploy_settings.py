@@ -28,6 +28,8 @@ SETTINGS_VARIABLES = (
     "APPROVALS_ENV",
     "DJANGO_SECRET_KEY",
     "APPROVALS_ENCRYPTION_KEYS",
+    "APPROVALS_AUDIT_KEYS",
+    "APPROVALS_AUDIT_SIGNING_KEY",
     "DJANGO_ALLOWED_HOSTS",
     "DJANGO_DEBUG",
     "DJANGO_SECURE_SSL_REDIRECT",
@@ -50,6 +52,8 @@ def production_env(**extra: str) -> dict[str, str]:
         APPROVALS_ENV="production",
         DJANGO_SECRET_KEY=secrets.token_urlsafe(64),
         APPROVALS_ENCRYPTION_KEYS=f"prod1:{new_encryption_key()}",
+        APPROVALS_AUDIT_KEYS=f"audit1:{new_encryption_key()}",
+        APPROVALS_AUDIT_SIGNING_KEY=new_encryption_key(),
         DJANGO_ALLOWED_HOSTS=HOST,
         **extra,
     )

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from io import StringIO
 
 import pytest
@@ -11,9 +10,15 @@ from django.db import connection, transaction
 from django.db.utils import IntegrityError, ProgrammingError
 
 from approvals.audit import chain as audit
-from approvals.audit import guard
 from approvals.models import AuditEvent, Tenant
-from tests.support import TenantFactory
+from tests.support import (
+    TenantFactory,
+    append_unkeyed,
+    audit_guard_lifted,
+    hmac_link,
+    plain_sha256_link,
+    relink_audit_tail,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -29,15 +34,6 @@ def _append(tenant: Tenant, action: str = "run.paused", **fields) -> AuditEvent:
 
 def _chain(tenant: Tenant, length: int) -> list[AuditEvent]:
     return [_append(tenant, outcome=f"step {n}") for n in range(1, length + 1)]
-
-
-@contextmanager
-def _guard_lifted():
-    guard.remove(connection)
-    try:
-        yield
-    finally:
-        guard.install(connection)
 
 
 def _assert_refused(excinfo, operation: str) -> None:
@@ -225,7 +221,7 @@ def test_verify_chain_empty_is_ok():
 def test_verify_chain_edited_field_is_detected():
     tenant = TenantFactory(slug="acme")
     events = _chain(tenant, 4)
-    with _guard_lifted():
+    with audit_guard_lifted():
         AuditEvent.objects.filter(pk=events[1].pk).update(outcome="approved")
 
         report = audit.verify_chain(tenant)
@@ -238,7 +234,7 @@ def test_verify_chain_edited_field_is_detected():
 def test_verify_chain_edited_detail_is_detected():
     tenant = TenantFactory(slug="acme")
     events = _chain(tenant, 3)
-    with _guard_lifted():
+    with audit_guard_lifted():
         AuditEvent.objects.filter(pk=events[2].pk).update(detail={"message": "forged"})
 
         report = audit.verify_chain(tenant)
@@ -254,7 +250,7 @@ def test_verify_chain_edited_detail_is_detected():
 def test_verify_chain_edited_event_with_recomputed_hash_is_detected_at_the_next_link():
     tenant = TenantFactory(slug="acme")
     events = _chain(tenant, 4)
-    with _guard_lifted():
+    with audit_guard_lifted():
         forged = AuditEvent.objects.get(pk=events[1].pk)
         forged.outcome = "approved"
         forged.hash = audit.event_hash(forged)
@@ -270,7 +266,7 @@ def test_verify_chain_edited_event_with_recomputed_hash_is_detected_at_the_next_
 def test_verify_chain_deleted_middle_event_is_detected():
     tenant = TenantFactory(slug="acme")
     events = _chain(tenant, 4)
-    with _guard_lifted():
+    with audit_guard_lifted():
         AuditEvent.objects.filter(pk=events[1].pk).delete()
 
         report = audit.verify_chain(tenant)
@@ -281,7 +277,7 @@ def test_verify_chain_deleted_middle_event_is_detected():
 def test_verify_chain_deleted_last_event_is_detected():
     tenant = TenantFactory(slug="acme")
     events = _chain(tenant, 4)
-    with _guard_lifted():
+    with audit_guard_lifted():
         AuditEvent.objects.filter(pk=events[3].pk).delete()
 
         report = audit.verify_chain(tenant)
@@ -296,7 +292,7 @@ def test_verify_chain_break_in_one_tenant_leaves_the_other_ok():
     globex = TenantFactory(slug="globex")
     acme_events = _chain(acme, 3)
     _chain(globex, 2)
-    with _guard_lifted():
+    with audit_guard_lifted():
         AuditEvent.objects.filter(pk=acme_events[0].pk).update(actor_name="mallory")
 
         acme_report = audit.verify_chain(acme)
@@ -308,7 +304,7 @@ def test_verify_chain_break_in_one_tenant_leaves_the_other_ok():
 
 def test_guard_lifted_is_reinstalled_afterwards():
     event = _append(TenantFactory())
-    with _guard_lifted():
+    with audit_guard_lifted():
         pass
 
     with pytest.raises(REFUSAL[connection.vendor]), transaction.atomic():
@@ -327,7 +323,10 @@ def test_verify_audit_command_intact_chain_reports_each_tenant():
 
     call_command("verify_audit", stdout=out, stderr=err)
 
-    assert out.getvalue() == "acme: 3 events, chain intact\nglobex: 1 events, chain intact\n"
+    assert out.getvalue() == (
+        "acme: 3 events, chain intact, 0 unkeyed (legacy)\n"
+        "globex: 1 events, chain intact, 0 unkeyed (legacy)\n"
+    )
     assert err.getvalue() == ""
 
 
@@ -336,7 +335,7 @@ def test_verify_audit_command_broken_chain_exits_1_naming_the_event():
     events = _chain(tenant, 3)
     _chain(TenantFactory(slug="globex"), 1)
     out, err = StringIO(), StringIO()
-    with _guard_lifted():
+    with audit_guard_lifted():
         AuditEvent.objects.filter(pk=events[1].pk).update(tool_name="deploy_release")
 
         with pytest.raises(SystemExit) as excinfo:
@@ -346,14 +345,14 @@ def test_verify_audit_command_broken_chain_exits_1_naming_the_event():
     assert err.getvalue() == (
         f"acme: chain broken at event #2 (id {events[1].pk}): contents differ from their hash\n"
     )
-    assert out.getvalue() == "globex: 1 events, chain intact\n"
+    assert out.getvalue() == "globex: 1 events, chain intact, 0 unkeyed (legacy)\n"
 
 
 def test_verify_audit_command_deleted_tail_exits_1_without_an_id():
     tenant = TenantFactory(slug="acme")
     events = _chain(tenant, 2)
     err = StringIO()
-    with _guard_lifted():
+    with audit_guard_lifted():
         AuditEvent.objects.filter(pk=events[1].pk).delete()
 
         with pytest.raises(SystemExit) as excinfo:
@@ -372,7 +371,7 @@ def test_verify_audit_command_tenant_option_checks_only_that_tenant():
 
     call_command("verify_audit", "--tenant", "globex", stdout=out, stderr=StringIO())
 
-    assert out.getvalue() == "globex: 1 events, chain intact\n"
+    assert out.getvalue() == "globex: 1 events, chain intact, 0 unkeyed (legacy)\n"
 
 
 def test_verify_audit_command_unknown_tenant_is_a_command_error():
@@ -380,3 +379,186 @@ def test_verify_audit_command_unknown_tenant_is_a_command_error():
         call_command("verify_audit", "--tenant", "nope", stdout=StringIO(), stderr=StringIO())
 
     assert str(excinfo.value) == "no tenant 'nope'"
+
+
+# --- an attacker with database write access -------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "link",
+    [plain_sha256_link, hmac_link(b"w" * 32)],
+    ids=["plain-sha256", "hmac-with-a-wrong-key"],
+)
+def test_verify_audit_edited_event_with_every_later_hash_recomputed_is_detected(link):
+    tenant = TenantFactory(slug="acme")
+    events = _chain(tenant, 4)
+    with audit_guard_lifted():
+        AuditEvent.objects.filter(pk=events[1].pk).update(outcome="approved")
+    relink_audit_tail(tenant, 2, link)
+    err = StringIO()
+
+    with audit_guard_lifted(), pytest.raises(SystemExit) as excinfo:
+        call_command("verify_audit", stdout=StringIO(), stderr=err)
+
+    assert excinfo.value.code == 1
+    assert err.getvalue().startswith(f"acme: chain broken at event #2 (id {events[1].pk}): ")
+
+
+def test_verify_audit_edited_event_with_its_tail_relinked_unkeyed_is_detected():
+    """The tail rewritten in the form events had before the chain had a key."""
+    tenant = TenantFactory(slug="acme")
+    events = _chain(tenant, 4)
+    with audit_guard_lifted():
+        AuditEvent.objects.filter(pk=events[1].pk).update(outcome="approved", hash_key_id="")
+        AuditEvent.objects.filter(seq__gt=2).update(hash_key_id="")
+    relink_audit_tail(tenant, 2, plain_sha256_link)
+
+    with audit_guard_lifted():
+        report = audit.verify_chain(tenant)
+
+    assert report == audit.ChainReport(
+        "acme", 2, False, 2, events[1].pk, "an unkeyed event after a keyed one"
+    )
+
+
+# --- the key ----------------------------------------------------------------------------------
+
+K1 = b"1" * 32
+K2 = b"2" * 32
+
+
+def _payload_link(event: AuditEvent, key: bytes) -> str:
+    return hmac_link(key)(event.prev_hash, audit._event_payload(event))
+
+
+def test_append_links_with_hmac_sha256_under_the_first_audit_key(settings):
+    settings.APPROVALS_AUDIT_KEYS = [("a1", K1), ("a0", K2)]
+    tenant = TenantFactory()
+
+    first, second = _chain(tenant, 2)
+
+    first.refresh_from_db()
+    assert (first.hash_key_id, second.hash_key_id) == ("a1", "a1")
+    assert first.hash == _payload_link(first, K1)
+    assert second.hash == _payload_link(second, K1)
+    assert first.hash != plain_sha256_link(first.prev_hash, audit._event_payload(first))
+
+
+def test_key_rotation_old_events_verify_and_new_ones_use_the_new_key(settings):
+    settings.APPROVALS_AUDIT_KEYS = [("a1", K1)]
+    tenant = TenantFactory(slug="acme")
+    _chain(tenant, 2)
+    settings.APPROVALS_AUDIT_KEYS = [("a2", K2), ("a1", K1)]
+
+    _chain(tenant, 2)
+
+    keys = list(AuditEvent.objects.filter(tenant=tenant).order_by("seq").values_list("hash_key_id"))
+    assert keys == [("a1",), ("a1",), ("a2",), ("a2",)]
+    assert audit.verify_chain(tenant) == audit.ChainReport("acme", 4, True)
+
+
+def test_key_removed_from_the_ring_while_its_events_remain_is_a_break(settings):
+    settings.APPROVALS_AUDIT_KEYS = [("a1", K1)]
+    tenant = TenantFactory(slug="acme")
+    first = _chain(tenant, 2)[0]
+    settings.APPROVALS_AUDIT_KEYS = [("a2", K2)]
+
+    report = audit.verify_chain(tenant)
+
+    assert report == audit.ChainReport(
+        "acme", 1, False, 1, first.pk, "linked with key 'a1', which is not in APPROVALS_AUDIT_KEYS"
+    )
+
+
+def test_verify_chain_event_relinked_with_a_key_id_of_the_ring_but_another_key_is_detected(
+    settings,
+):
+    settings.APPROVALS_AUDIT_KEYS = [("a1", K1)]
+    tenant = TenantFactory(slug="acme")
+    events = _chain(tenant, 3)
+    with audit_guard_lifted():
+        AuditEvent.objects.filter(pk=events[2].pk).update(outcome="approved")
+    relink_audit_tail(tenant, 3, hmac_link(K2))
+
+    with audit_guard_lifted():
+        report = audit.verify_chain(tenant)
+
+    assert report == audit.ChainReport(
+        "acme", 3, False, 3, events[2].pk, "contents differ from their hash"
+    )
+
+
+def test_verify_chain_head_moved_to_another_hash_at_the_same_seq_is_detected():
+    tenant = TenantFactory(slug="acme")
+    _chain(tenant, 2)
+    Tenant.objects.filter(pk=tenant.pk).update(audit_head="f" * 64)
+
+    report = audit.verify_chain(tenant)
+
+    assert report == audit.ChainReport(
+        "acme", 2, False, 2, None, "the head's hash is not that of event #2"
+    )
+
+
+# --- events from before the chain had a key (legacy) -------------------------------------------
+
+
+def test_legacy_events_without_a_key_id_verify_and_are_counted():
+    tenant = TenantFactory(slug="acme")
+    for _ in range(3):
+        append_unkeyed(tenant)
+
+    assert audit.verify_chain(tenant) == audit.ChainReport("acme", 3, True, unkeyed=3)
+
+
+def test_legacy_events_followed_by_keyed_ones_verify():
+    tenant = TenantFactory(slug="acme")
+    append_unkeyed(tenant)
+    append_unkeyed(tenant)
+
+    _chain(tenant, 2)
+
+    assert audit.verify_chain(tenant) == audit.ChainReport("acme", 4, True, unkeyed=2)
+
+
+def test_an_unkeyed_event_after_a_keyed_one_is_a_break():
+    tenant = TenantFactory(slug="acme")
+    append_unkeyed(tenant)
+    _chain(tenant, 1)
+    late = append_unkeyed(tenant)
+
+    report = audit.verify_chain(tenant)
+
+    assert report == audit.ChainReport(
+        "acme", 3, False, 3, late.pk, "an unkeyed event after a keyed one", unkeyed=1
+    )
+
+
+def test_verify_audit_command_reports_the_unkeyed_events_of_each_tenant():
+    acme = TenantFactory(slug="acme")
+    append_unkeyed(acme)
+    append_unkeyed(acme)
+    _chain(acme, 1)
+    _chain(TenantFactory(slug="globex"), 2)
+    out = StringIO()
+
+    call_command("verify_audit", stdout=out, stderr=StringIO())
+
+    assert out.getvalue() == (
+        "acme: 3 events, chain intact, 2 unkeyed (legacy)\n"
+        "globex: 2 events, chain intact, 0 unkeyed (legacy)\n"
+    )
+
+
+def test_a_whole_chain_rewritten_unkeyed_passes_the_chain_alone_counted_as_legacy():
+    """The limit of the key alone (docs/AUDIT.md): with no keyed event left, the rewritten
+    chain reads as a legacy one. Its count shows it; a checkpoint catches it
+    (tests/approvals/management/test_audit_commands.py)."""
+    tenant = TenantFactory(slug="acme")
+    events = _chain(tenant, 3)
+    with audit_guard_lifted():
+        AuditEvent.objects.filter(pk=events[1].pk).update(outcome="approved")
+        AuditEvent.objects.filter(tenant=tenant).update(hash_key_id="")
+    relink_audit_tail(tenant, 1, plain_sha256_link)
+
+    assert audit.verify_chain(tenant) == audit.ChainReport("acme", 3, True, unkeyed=3)

@@ -10,7 +10,8 @@ from django.contrib.auth import get_user_model
 from django.core.management import CommandError, call_command
 from django_tasks_db.models import DBTaskResult
 
-from approvals.models import Run, RunStatus, Ticket, TicketStatus
+from approvals.audit.chain import verify_chain
+from approvals.models import AuditEvent, Run, RunStatus, Ticket, TicketStatus
 from tests.support import TenantFactory, member, paused_run
 
 pytestmark = pytest.mark.django_db
@@ -169,7 +170,20 @@ def test_decide_without_a_choice_is_refused(pending):
 # --- rotate_keys ------------------------------------------------------------------------------
 
 
-def test_rotate_keys_command_prints_its_counts(settings):
+@pytest.fixture
+def audit_ring(settings):
+    settings.APPROVALS_AUDIT_KEYS = [("a1", b"1" * 32)]
+    return settings
+
+
+def _audit_line() -> str:
+    return (
+        "audit chain: new events linked with key a1, nothing to re-hash; "
+        f"events per key: a1 {AuditEvent.objects.count()}\n"
+    )
+
+
+def test_rotate_keys_command_prints_its_counts(settings, audit_ring):
     k1, k2 = os.urandom(32), os.urandom(32)
     settings.APPROVALS_ENCRYPTION_KEYS = [("k1", k1)]
     tenant = TenantFactory()
@@ -181,12 +195,12 @@ def test_rotate_keys_command_prints_its_counts(settings):
     call_command("rotate_keys", stdout=out, stderr=StringIO())
 
     assert out.getvalue() == (
-        "primary key k2: 2 re-encrypted, 0 already current, 0 could not be opened\n"
+        "primary key k2: 2 re-encrypted, 0 already current, 0 could not be opened\n" + _audit_line()
     )
     assert sorted(Run.objects.values_list("state_key_id", flat=True)) == ["k2", "k2"]
 
 
-def test_rotate_keys_command_unopenable_run_exits_1(settings):
+def test_rotate_keys_command_unopenable_run_exits_1(settings, audit_ring):
     settings.APPROVALS_ENCRYPTION_KEYS = [("k1", os.urandom(32))]
     paused_run(TenantFactory())
     settings.APPROVALS_ENCRYPTION_KEYS = [("k2", os.urandom(32))]
@@ -197,6 +211,48 @@ def test_rotate_keys_command_unopenable_run_exits_1(settings):
 
     assert excinfo.value.code == 1
     assert out.getvalue() == (
-        "primary key k2: 0 re-encrypted, 0 already current, 1 could not be opened\n"
+        "primary key k2: 0 re-encrypted, 0 already current, 1 could not be opened\n" + _audit_line()
     )
     assert err.getvalue() == "some states could not be opened with any key in the ring\n"
+
+
+def test_rotate_keys_command_rehashes_no_audit_event_and_counts_them_per_key(settings):
+    k1, k2 = os.urandom(32), os.urandom(32)
+    settings.APPROVALS_ENCRYPTION_KEYS = [("k1", k1)]
+    settings.APPROVALS_AUDIT_KEYS = [("a1", b"1" * 32)]
+    tenant = TenantFactory(slug="acme")
+    paused_run(tenant)
+    before = list(AuditEvent.objects.order_by("pk").values_list("pk", "hash", "hash_key_id"))
+    # Both rings rotated, as an operator would: the state is re-sealed (audited: keys.rotated).
+    settings.APPROVALS_ENCRYPTION_KEYS = [("k2", k2), ("k1", k1)]
+    settings.APPROVALS_AUDIT_KEYS = [("a2", b"2" * 32), ("a1", b"1" * 32)]
+    out = StringIO()
+
+    call_command("rotate_keys", stdout=out, stderr=StringIO())
+
+    # The old events are as they were; the rotation's own event is linked with the new key.
+    after = list(AuditEvent.objects.order_by("pk").values_list("pk", "hash", "hash_key_id"))
+    assert after[: len(before)] == before
+    assert [key_id for _, _, key_id in after[len(before) :]] == ["a2"]
+    assert out.getvalue().splitlines()[-1] == (
+        "audit chain: new events linked with key a2, nothing to re-hash; "
+        f"events per key: a1 {len(before)}, a2 1"
+    )
+    assert verify_chain(tenant).ok
+
+
+def test_rotate_keys_command_fails_when_a_key_with_events_left_the_audit_ring(settings):
+    settings.APPROVALS_AUDIT_KEYS = [("a1", b"1" * 32)]
+    paused_run(TenantFactory())
+    linked = AuditEvent.objects.count()
+    settings.APPROVALS_AUDIT_KEYS = [("a2", b"2" * 32)]
+    err = StringIO()
+
+    with pytest.raises(SystemExit) as excinfo:
+        call_command("rotate_keys", stdout=StringIO(), stderr=err)
+
+    assert excinfo.value.code == 1
+    assert err.getvalue() == (
+        f"{linked} audit events were linked with key 'a1', which is not in "
+        "APPROVALS_AUDIT_KEYS: put it back, or verify_audit fails on them\n"
+    )

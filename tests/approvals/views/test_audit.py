@@ -288,6 +288,8 @@ def test_audit_chain_badge_says_broken_when_an_event_was_forged(client):
         action="ticket.approved",
         prev_hash=first.hash,
         hash="0" * 64,
+        # Claiming the chain's key: without it, the link cannot be right.
+        hash_key_id=first.hash_key_id,
     )
     client.force_login(member(tenant, Role.AUDITOR))
 

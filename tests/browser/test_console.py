@@ -136,8 +136,9 @@ def test_approve_in_the_browser_and_watch_the_run_complete_live(console_browser,
         expect(page.locator("#digest-check")).to_contain_text(f"sha256:{ticket.arguments_digest}")
         change = page.locator("#diff tr", has=page.locator("th", has_text="release"))
         expect(change).to_have_class(re.compile(r"\bchanged\b"))
-        expect(change.locator("del")).to_have_text(PREVIOUS)
-        expect(change.locator("ins")).to_have_text(RELEASE)
+        # Text shows quoted: it never reads as a number.
+        expect(change.locator("del")).to_have_text(f'"{PREVIOUS}"')
+        expect(change.locator("ins")).to_have_text(f'"{RELEASE}"')
         expect(page.locator("#diff tr")).to_have_count(1)  # the environment did not change
         _wait_live(page)
         screenshot(page, "approve-2-ticket", docs="ticket")

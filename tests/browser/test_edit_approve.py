@@ -21,7 +21,7 @@ pytestmark = [
 
 RELEASE = "2026.07.24"
 EDITED = "2026.07.25"
-DIFF = f"{RELEASE} → {EDITED}"
+DIFF = f'"{RELEASE}" → "{EDITED}"'
 
 
 def test_an_edited_deployment_is_pre_authorised_and_runs_with_the_edited_release(

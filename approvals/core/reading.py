@@ -40,8 +40,16 @@ def is_invisible(char: str) -> bool:
     return unicodedata.category(char) in {"Cc", "Cf", "Co", "Cs", "Cn", "Zl", "Zp", "Zs"}
 
 
+def _plain(text: str) -> bool:
+    # Printable ASCII has no invisible character and no letter of another script: the common
+    # case, answered without looking at each character.
+    return text.isascii() and text.isprintable()
+
+
 def escape(text: str) -> str:
     """The text with every invisible character written as ⟨U+XXXX⟩."""
+    if _plain(text):
+        return text
     return "".join(f"⟨U+{ord(c):04X}⟩" if is_invisible(c) else c for c in text)
 
 
@@ -102,6 +110,8 @@ def _invisible_detail(text: str) -> str:
 
 
 def flags_in(text: str, where: str) -> list[Flag]:
+    if _plain(text):
+        return []
     flags = []
     if any(is_invisible(c) for c in text):
         flags.append(Flag(where, "invisible", _invisible_detail(text)))

@@ -231,3 +231,12 @@ def append_unkeyed(tenant: Tenant, outcome: str = "legacy") -> AuditEvent:
         event.save(force_insert=True)
         Tenant.objects.filter(pk=row.pk).update(audit_seq=event.seq, audit_head=event.hash)
     return event
+
+
+def audit_events(tenant: Tenant, length: int) -> list[AuditEvent]:
+    """A chain of `length` events for the tenant, each appended in its own transaction."""
+    events = []
+    for n in range(length):
+        with transaction.atomic():
+            events.append(chain.append(tenant_id=tenant.pk, action="run.paused", outcome=f"{n}"))
+    return events

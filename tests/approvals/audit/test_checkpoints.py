@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from django.db import transaction
 
 from approvals import signals
 from approvals.audit import chain as audit
@@ -13,7 +12,7 @@ from approvals.audit import checkpoints
 from approvals.core import signatures
 from approvals.core.canonical import canonical_json
 from approvals.models import AuditEvent, Tenant
-from tests.support import TenantFactory, audit_guard_lifted
+from tests.support import TenantFactory, audit_events, audit_guard_lifted
 
 pytestmark = pytest.mark.django_db
 
@@ -24,14 +23,6 @@ OTHER_SIGNING = b"o" * 32
 @pytest.fixture(autouse=True)
 def _signing_key(settings):
     settings.APPROVALS_AUDIT_SIGNING_KEY = SIGNING
-
-
-def _chain(tenant: Tenant, length: int) -> list[AuditEvent]:
-    events = []
-    for n in range(length):
-        with transaction.atomic():
-            events.append(audit.append(tenant_id=tenant.pk, action="run.paused", outcome=f"{n}"))
-    return events
 
 
 def _public_key() -> str:
@@ -47,8 +38,8 @@ def _statements(document: dict) -> dict[str, dict]:
 
 def test_take_signs_each_tenants_head_and_the_whole_document():
     acme, globex = TenantFactory(slug="acme"), TenantFactory(slug="globex")
-    acme_last = _chain(acme, 3)[-1]
-    globex_last = _chain(globex, 1)[-1]
+    acme_last = audit_events(acme, 3)[-1]
+    globex_last = audit_events(globex, 1)[-1]
 
     checkpoint = checkpoints.take(Tenant.objects.order_by("slug"))
 
@@ -89,8 +80,8 @@ def test_take_an_empty_chain_is_checkpointed_at_zero():
 
 def test_take_leaves_out_a_broken_chain_and_reports_it():
     acme, globex = TenantFactory(slug="acme"), TenantFactory(slug="globex")
-    events = _chain(acme, 2)
-    _chain(globex, 1)
+    events = audit_events(acme, 2)
+    audit_events(globex, 1)
     with audit_guard_lifted():
         AuditEvent.objects.filter(pk=events[0].pk).update(outcome="approved")
 
@@ -109,7 +100,7 @@ def test_record_audits_each_tenant_and_signals_its_own_statement_after_commit(
     django_capture_on_commit_callbacks,
 ):
     acme, globex = TenantFactory(slug="acme"), TenantFactory(slug="globex")
-    _chain(acme, 2)
+    audit_events(acme, 2)
     checkpoint = checkpoints.take(Tenant.objects.order_by("slug"))
     heard = []
 
@@ -151,8 +142,8 @@ def test_record_audits_each_tenant_and_signals_its_own_statement_after_commit(
 
 
 def _text() -> str:
-    _chain(TenantFactory(slug="acme"), 3)
-    _chain(TenantFactory(slug="globex"), 1)
+    audit_events(TenantFactory(slug="acme"), 3)
+    audit_events(TenantFactory(slug="globex"), 1)
     return checkpoints.take(Tenant.objects.order_by("slug")).text()
 
 
@@ -256,17 +247,17 @@ def _statement(tenant: Tenant) -> checkpoints.Statement:
 
 def test_compare_a_chain_that_grew_since_the_checkpoint_is_fine():
     tenant = TenantFactory(slug="acme")
-    _chain(tenant, 2)
+    audit_events(tenant, 2)
     statement = _statement(tenant)
 
-    _chain(tenant, 2)
+    audit_events(tenant, 2)
 
     assert checkpoints.compare(statement) is None
 
 
 def test_compare_a_chain_cut_below_the_checkpoint_names_the_tenant():
     tenant = TenantFactory(slug="acme")
-    events = _chain(tenant, 4)
+    events = audit_events(tenant, 4)
     statement = _statement(tenant)
     with audit_guard_lifted():
         AuditEvent.objects.filter(pk__in=[events[2].pk, events[3].pk]).delete()
@@ -280,7 +271,7 @@ def test_compare_a_chain_cut_below_the_checkpoint_names_the_tenant():
 
 def test_compare_a_checkpointed_event_replaced_names_the_tenant_and_both_hashes():
     tenant = TenantFactory(slug="acme")
-    events = _chain(tenant, 3)
+    events = audit_events(tenant, 3)
     statement = _statement(tenant)
     with audit_guard_lifted():
         AuditEvent.objects.filter(pk=events[2].pk).update(hash="e" * 64)
@@ -293,7 +284,7 @@ def test_compare_a_checkpointed_event_replaced_names_the_tenant_and_both_hashes(
 
 def test_compare_a_checkpointed_event_deleted_under_a_head_left_in_place_is_named():
     tenant = TenantFactory(slug="acme")
-    events = _chain(tenant, 3)
+    events = audit_events(tenant, 3)
     statement = _statement(tenant)
     with audit_guard_lifted():
         AuditEvent.objects.filter(pk=events[2].pk).delete()

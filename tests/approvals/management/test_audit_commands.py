@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 from django.core.management import CommandError, call_command
-from django.db import transaction
 
 from approvals.audit import chain as audit
 from approvals.audit import checkpoints
@@ -17,6 +16,7 @@ from approvals.core import signatures
 from approvals.models import AuditEvent, Tenant
 from tests.support import (
     TenantFactory,
+    audit_events,
     audit_guard_lifted,
     plain_sha256_link,
     relink_audit_tail,
@@ -31,14 +31,6 @@ OTHER_SIGNING = b"o" * 32
 @pytest.fixture(autouse=True)
 def _signing_key(settings):
     settings.APPROVALS_AUDIT_SIGNING_KEY = SIGNING
-
-
-def _chain(tenant: Tenant, length: int) -> list[AuditEvent]:
-    events = []
-    for n in range(length):
-        with transaction.atomic():
-            events.append(audit.append(tenant_id=tenant.pk, action="run.paused", outcome=f"{n}"))
-    return events
 
 
 def _checkpoint(path: Path) -> dict:
@@ -66,8 +58,8 @@ def _cut_to(tenant: Tenant, seq: int) -> None:
 @pytest.fixture
 def two_tenants():
     acme, globex = TenantFactory(slug="acme"), TenantFactory(slug="globex")
-    _chain(acme, 5)
-    _chain(globex, 2)
+    audit_events(acme, 5)
+    audit_events(globex, 2)
     return acme, globex
 
 
@@ -167,7 +159,7 @@ def test_truncated_tail_regrown_by_new_events_is_found_as_rewritten(two_tenants,
     document = _checkpoint(path)
     checkpointed = AuditEvent.objects.get(tenant=acme, seq=5).hash
     _cut_to(acme, 3)
-    _chain(acme, 3)
+    audit_events(acme, 3)
 
     code, out, err = _verify("--against", str(path))
 
@@ -202,7 +194,7 @@ def test_whole_chain_rewritten_unkeyed_is_found_against_a_checkpoint(two_tenants
 def test_verify_against_an_intact_chain_passes(two_tenants, tmp_path):
     path = tmp_path / "checkpoint.json"
     time = _checkpoint(path)["time"]
-    _chain(two_tenants[0], 1)
+    audit_events(two_tenants[0], 1)
 
     code, out, err = _verify("--against", str(path))
 

@@ -24,7 +24,6 @@ from jsonschema.validators import validator_for
 
 from approvals.core import reading
 from approvals.core.canonical import UNPARSED, loads_within, nesting_depth, parse_arguments
-from approvals.execution import registry
 from approvals.models import Ticket
 
 
@@ -243,8 +242,3 @@ def read(arguments_json: str) -> Reading:
 
 def is_flagged(ticket: Ticket) -> bool:
     return read(ticket.arguments_json).flagged
-
-
-def tool_schema(agent_key: str, agent_version: str, tool_name: str) -> dict | None:
-    """The deployed tool's parameters schema, or None (see registry.tool_schema)."""
-    return registry.tool_schema(agent_key, agent_version, tool_name)

@@ -6,6 +6,7 @@ from approvals import transitions
 from approvals.audit import chain
 from approvals.core.canonical import arguments_digest, canonical_arguments
 from approvals.decisions import automatic, calls, decide
+from approvals.execution import registry
 from approvals.live import hints
 from approvals.models import Run, Ticket, TicketStatus
 from approvals.policies import scopes
@@ -42,7 +43,7 @@ def open_tickets(run: Run, interruptions, *, requested_by, now, resumed: bool) -
                 policy=None if policy.is_builtin else policy,
             )
         )
-        schema = calls.tool_schema(run.agent_key, run.agent_version, tool_name)
+        schema = registry.tool_schema(run.agent_key, run.agent_version, tool_name)
         reasons = calls.malformed_reasons(raw, schema)
         if reasons:
             malformed[tickets[-1].pk] = reasons

@@ -17,7 +17,6 @@ from approvals.models import (
     ApprovalPolicy,
     ApproverGroup,
     ExpiryAction,
-    Role,
     Tenant,
     Ticket,
     TicketStatus,
@@ -52,8 +51,7 @@ POLICY_FIELDS = (
 
 
 def require_admin(user, tenant_id: int) -> None:
-    membership = members.membership_for(user, tenant_id)
-    if membership is None or membership.role != Role.ADMIN:
+    if not members.is_admin(user, tenant_id):
         raise PolicyError("only an admin of this tenant can change its policies")
 
 

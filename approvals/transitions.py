@@ -7,7 +7,12 @@ win: the caller learns from the count it gets back. The callers add their own co
 lease a worker holds, a ticket's expiry) and write the audit event and live hint that go with
 the move, in the same transaction.
 
-    run:    paused -> queued -> resuming -> completed | failed | needs attention | expired
+    run:    starting (started over the API, claimed by a worker) -> paused | completed | failed
+                                                                     | needs attention
+            paused -> awaiting caller (a caller's run, all decided) -> paused (new tickets)
+                                                                     | completed | failed | expired
+            paused -> failed (its caller gave up)
+            paused -> queued -> resuming -> completed | failed | needs attention | expired
                                         -> paused (new tickets) | queued (retry later)
             resuming -> resuming (a lapsed lease claimed again); paused -> expired;
             needs attention -> queued (a person resolved it) | failed (a person stopped it)
@@ -22,7 +27,21 @@ from django.utils import timezone
 from approvals.models import Run, RunStatus, Ticket, TicketStatus
 
 RUN_TRANSITIONS: dict[str, frozenset[str]] = {
-    RunStatus.PAUSED: frozenset({RunStatus.QUEUED, RunStatus.EXPIRED}),
+    RunStatus.STARTING: frozenset(
+        {
+            RunStatus.STARTING,
+            RunStatus.PAUSED,
+            RunStatus.COMPLETED,
+            RunStatus.FAILED,
+            RunStatus.NEEDS_ATTENTION,
+        }
+    ),
+    RunStatus.PAUSED: frozenset(
+        {RunStatus.QUEUED, RunStatus.EXPIRED, RunStatus.AWAITING_CALLER, RunStatus.FAILED}
+    ),
+    RunStatus.AWAITING_CALLER: frozenset(
+        {RunStatus.PAUSED, RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.EXPIRED}
+    ),
     RunStatus.QUEUED: frozenset({RunStatus.RESUMING}),
     RunStatus.RESUMING: frozenset(
         {

@@ -8,7 +8,7 @@ from __future__ import annotations
 from approvals.models.audit import AuditEvent
 from approvals.models.ledger import IdempotencyRecord, LedgerStatus
 from approvals.models.policies import ApprovalPolicy, ApproverGroup, ExpiryAction
-from approvals.models.runs import TERMINAL_RUN_STATUSES, Run, RunStatus
+from approvals.models.runs import TERMINAL_RUN_STATUSES, Run, RunExecutor, RunStatus
 from approvals.models.tenants import (
     COMMENTING_ROLES,
     DECIDING_ROLES,
@@ -41,6 +41,7 @@ __all__ = [
     "PreAuthorization",
     "Role",
     "Run",
+    "RunExecutor",
     "RunStatus",
     "Tenant",
     "Ticket",

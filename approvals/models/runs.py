@@ -10,6 +10,7 @@ from approvals.models.tenants import Tenant
 
 
 class RunStatus(models.TextChoices):
+    STARTING = "starting", "Starting"
     PAUSED = "paused", "Paused"
     QUEUED = "queued", "Queued"
     RESUMING = "resuming", "Resuming"
@@ -17,11 +18,21 @@ class RunStatus(models.TextChoices):
     FAILED = "failed", "Failed"
     NEEDS_ATTENTION = "needs_attention", "Needs attention"
     EXPIRED = "expired", "Expired"
+    # A run its caller holds: every ticket is decided, and the caller resumes it in its own process.
+    AWAITING_CALLER = "awaiting_caller", "Waiting for the caller"
 
 
 TERMINAL_RUN_STATUSES = frozenset(
     {RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.NEEDS_ATTENTION, RunStatus.EXPIRED}
 )
+
+
+class RunExecutor(models.TextChoices):
+    # The console's worker resumes the run (pause_run, or started over the API).
+    CONSOLE = "console", "Console"
+    # The caller's own process holds the agent: it submitted the pause and resumes on the
+    # signed decisions it fetches, then reports the outcome.
+    CALLER = "caller", "Caller"
 
 
 class Run(models.Model):
@@ -46,6 +57,9 @@ class Run(models.Model):
     session_id = models.CharField(max_length=255, blank=True)
     # Where the session lives for its backend (a SQLite file, a Redis key prefix); never a secret.
     session_location = models.CharField(max_length=500, blank=True)
+    executor = models.CharField(
+        max_length=10, choices=RunExecutor.choices, default=RunExecutor.CONSOLE
+    )
     status = models.CharField(max_length=20, choices=RunStatus.choices, default=RunStatus.PAUSED)
     status_reason = models.TextField(blank=True)
     lease_owner = models.CharField(max_length=100, blank=True)

@@ -8,6 +8,7 @@ row can be reopened by hand. Sending and enqueueing are the callers'.
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime, timedelta
 
 from django.db import connection, transaction
@@ -28,9 +29,15 @@ BACKOFF = [
 # A claimed attempt keeps others off the delivery for this long (longer than any request).
 IN_FLIGHT = timedelta(seconds=30)
 
+logger = logging.getLogger("notifications")
+
 
 class NotRetryable(Exception):
     pass
+
+
+class DeliveryFailed(Exception):
+    """Every attempt a delivery task made failed; raised so the queue records the task FAILED."""
 
 
 def short_error(text: str) -> str:
@@ -103,3 +110,35 @@ def reopen(rows, pk: int, noun: str) -> None:
     )
     if not won:
         raise NotRetryable(f"only a failed {noun} can be retried")
+
+
+def report(kind: str, rows, *, skipped: int = 0) -> dict[str, int]:
+    """What a delivery task's attempts did, as its result and one log line.
+
+    rows are what the task's attempts left (None for an attempt that was not due). Returns the
+    counts {"delivered", "failed", "skipped"}; a failed attempt counts whether it will be
+    retried or not. Side effects: logs the line (a warning when an attempt failed); raises
+    DeliveryFailed with it when attempts were made and none delivered, so the task's result is
+    FAILED rather than SUCCESSFUL.
+    """
+    rows = list(rows)
+    counts = {
+        "delivered": sum(1 for r in rows if r is not None and r.status == DeliveryStatus.DELIVERED),
+        "failed": sum(1 for r in rows if r is not None and r.status != DeliveryStatus.DELIVERED),
+        "skipped": skipped + sum(1 for r in rows if r is None),
+    }
+    retrying = sum(1 for r in rows if r is not None and r.status == DeliveryStatus.PENDING)
+    line = (
+        f"{kind} deliveries: {counts['delivered']} delivered, {counts['failed']} failed"
+        + (f" ({retrying} to be retried)" if retrying else "")
+        + (
+            f", {counts['skipped']} skipped (not pending, or not due yet)"
+            if counts["skipped"]
+            else ""
+        )
+    )
+    if counts["failed"] and not counts["delivered"]:
+        logger.warning(line)
+        raise DeliveryFailed(line)
+    logger.log(logging.WARNING if counts["failed"] else logging.INFO, line)
+    return counts

@@ -13,17 +13,16 @@ import json
 import secrets
 from datetime import datetime, timedelta
 
-from django.conf import settings
 from django.db import transaction
-from django.urls import reverse
 from django.utils import timezone
 from django_tasks import task
 
 from approvals.audit import chain
 from approvals.core import crypto
+from approvals.core.links import public_url
 from approvals.live import hints
 from notifications import signing, transport
-from notifications.attempts import claim, reopen, settle, still_claimed, wake_worker
+from notifications.attempts import claim, reopen, report, settle, still_claimed, wake_worker
 from notifications.emails import deliver_email_task
 from notifications.endpoints import audited_host, endpoint_secret
 from notifications.models import Delivery, DeliveryStatus, EmailDelivery, WebhookEndpoint
@@ -32,9 +31,36 @@ USER_AGENT = "approval-console-webhooks/1"
 
 
 @task()
-def deliver_webhook_task(delivery_id: int) -> str:
-    delivery = attempt(delivery_id)
-    return delivery.status if delivery else "skipped"
+def deliver_webhook_task(delivery_id: int) -> dict[str, int]:
+    return report("webhook", [attempt(delivery_id)])
+
+
+def message_id(delivery: Delivery) -> str:
+    """The delivery's webhook-id: its payload's id (tenant and audit sequence number), the same
+    on every attempt and retry, so a receiver deduplicates on either."""
+    try:
+        found = json.loads(delivery.payload).get("id")
+    except (ValueError, AttributeError):
+        found = None
+    return found if isinstance(found, str) and found else f"delivery-{delivery.pk}"
+
+
+def _send(endpoint: WebhookEndpoint, body: bytes, *, event: str, message_id: str):
+    """POST a signed body to the endpoint (outside any transaction) and say how it went."""
+    try:
+        secret = endpoint_secret(endpoint)
+    except crypto.CryptoError:
+        return transport.Outcome(
+            False, None, "the signing secret cannot be opened with the key ring", 0
+        )
+    headers = {
+        "Content-Type": "application/json",
+        "User-Agent": USER_AGENT,
+        "X-Approvals-Event": event,
+        # The wall clock, not the attempt's `now`: the receiver checks when it was really sent.
+        **signing.headers(secret, body, message_id=message_id),
+    }
+    return transport.post(endpoint.url, body, headers)
 
 
 def attempt(delivery_id: int, *, now: datetime | None = None) -> Delivery | None:
@@ -49,24 +75,12 @@ def attempt(delivery_id: int, *, now: datetime | None = None) -> Delivery | None
     delivery = claim(Delivery.objects.select_related("endpoint"), delivery_id, now)
     if delivery is None:
         return None
-    endpoint = delivery.endpoint
-    body = delivery.payload.encode()
-    try:
-        secret = endpoint_secret(endpoint)
-    except crypto.CryptoError:
-        outcome = transport.Outcome(
-            False, None, "the signing secret cannot be opened with the key ring", 0
-        )
-    else:
-        headers = {
-            "Content-Type": "application/json",
-            "User-Agent": USER_AGENT,
-            "X-Approvals-Event": delivery.event,
-            "X-Approvals-Delivery": str(delivery.pk),
-            # The wall clock, not `now`: the receiver checks when the request was really sent.
-            **signing.headers(secret, body),
-        }
-        outcome = transport.post(endpoint.url, body, headers)
+    outcome = _send(
+        delivery.endpoint,
+        delivery.payload.encode(),
+        event=delivery.event,
+        message_id=message_id(delivery),
+    )
     return _record(delivery, outcome, now)
 
 
@@ -203,25 +217,10 @@ def ping(endpoint: WebhookEndpoint, *, user) -> transport.Outcome:
         "run": None,
         "actor": user.get_username(),
         "time": sent_at.isoformat(),
-        "url": settings.APPROVALS_PUBLIC_URL.rstrip("/")
-        + reverse("notifications:webhook", args=[tenant.slug, endpoint.pk]),
+        "url": public_url("notifications:webhook", tenant.slug, endpoint.pk),
     }
     body = json.dumps(payload, separators=(",", ":"), sort_keys=True).encode()
-    try:
-        secret = endpoint_secret(endpoint)
-    except crypto.CryptoError:
-        outcome = transport.Outcome(
-            False, None, "the signing secret cannot be opened with the key ring", 0
-        )
-    else:
-        headers = {
-            "Content-Type": "application/json",
-            "User-Agent": USER_AGENT,
-            "X-Approvals-Event": PING_EVENT,
-            "X-Approvals-Delivery": "ping",
-            **signing.headers(secret, body),
-        }
-        outcome = transport.post(endpoint.url, body, headers)
+    outcome = _send(endpoint, body, event=PING_EVENT, message_id=payload["id"])
     with transaction.atomic():
         chain.append(
             tenant_id=endpoint.tenant_id,

@@ -26,6 +26,7 @@ from approvals.models import DECIDING_ROLES, ApproverGroup, AuditEvent, Membersh
 from notifications.attempts import (
     claim,
     reopen,
+    report,
     settle,
     short_error,
     still_claimed,
@@ -42,6 +43,7 @@ SUBJECTS = {
     Event.TICKET_DECIDED: "{tool} {status} by {actor}",
     Event.TICKET_EXPIRED: "{tool} expired without a decision",
     Event.TICKET_ESCALATED: "Escalated: {tool} needs a decision",
+    Event.RUN_DECIDED: "Decided, waiting for its caller: {title}",
     Event.RUN_COMPLETED: "Run completed: {title}",
     Event.RUN_FAILED: "Run {status}: {title}",
 }
@@ -197,15 +199,15 @@ def _email_error(error: Exception) -> str:
 
 
 @task()
-def deliver_email_task(email_id: int) -> str:
-    email = attempt_email(email_id)
-    return email.status if email else "skipped"
+def deliver_email_task(email_id: int) -> dict[str, int]:
+    return report("email", [attempt_email(email_id)])
 
 
 @task()
-def deliver_emails_task(email_ids: list[int]) -> int:
+def deliver_emails_task(email_ids: list[int]) -> dict[str, int]:
     """The emails of one event, sent over one SMTP connection; retries go one by one."""
-    return len(attempt_emails(email_ids))
+    sent = attempt_emails(email_ids)
+    return report("email", sent, skipped=len(email_ids) - len(sent))
 
 
 def attempt_email(email_id: int, *, now: datetime | None = None) -> EmailDelivery | None:

@@ -1,12 +1,12 @@
 """Webhook endpoints: create, change and delete them, and their sealed signing secrets.
 
-A secret is sealed with the console's keys (approvals.core.crypto), bound to its tenant and
-endpoint, and shown once at creation; endpoint_secret opens it to sign a delivery.
+A secret (`whsec_<base64>`, notifications.signing) is sealed with the console's keys
+(approvals.core.crypto), bound to its tenant and endpoint, and shown once at creation;
+endpoint_secret opens it to sign a delivery.
 """
 
 from __future__ import annotations
 
-import secrets
 from urllib.parse import urlsplit
 
 from django.db import transaction
@@ -15,6 +15,7 @@ from django.utils import timezone
 from approvals.audit import chain
 from approvals.core import crypto
 from approvals.models import Tenant
+from notifications import signing
 from notifications.models import WebhookEndpoint
 from notifications.targets import check_url
 
@@ -36,20 +37,27 @@ def _seal_secret(endpoint: WebhookEndpoint, secret: str) -> None:
 
 
 def endpoint_secret(endpoint: WebhookEndpoint) -> str:
-    """The signing secret. Raises crypto.CryptoError when it cannot be opened."""
-    return crypto.open_sealed(
+    """The signing secret, in the standard form (an older endpoint's URL-safe secret is the same
+    key: signing.standard_secret). Raises crypto.CryptoError when it cannot be opened, or its
+    text is no secret."""
+    opened = crypto.open_sealed(
         crypto.Sealed(
             endpoint.secret_key_id, bytes(endpoint.secret_nonce), bytes(endpoint.secret_ciphertext)
         ),
         purpose=SECRET_PURPOSE,
         **_binding(endpoint),
     ).decode()
+    try:
+        return signing.standard_secret(opened)
+    except ValueError as error:
+        raise crypto.CryptoError(str(error)) from None
 
 
 def rotate_webhook_secrets() -> dict[str, int]:
     """Re-seal every endpoint secret under the primary key (called by rotate_keys).
 
-    Side effects: each endpoint not under the primary key is re-sealed in its own transaction.
+    Side effects: each endpoint not under the primary key is re-sealed in its own transaction,
+    its secret written in the standard form (the same key).
     """
     primary = crypto.primary_key_id()
     counts = {"rotated": 0, "failed": 0}
@@ -91,7 +99,7 @@ def create_endpoint(
     Side effects: inserts the endpoint with the secret sealed; audit webhook.created.
     """
     check_url(url)
-    secret = "whsec_" + secrets.token_urlsafe(32)
+    secret = signing.new_secret()
     with transaction.atomic():
         endpoint = WebhookEndpoint.objects.create(
             tenant=tenant,

@@ -4,7 +4,8 @@ notification says (Facts).
 Everything else (votes, claims, comments, and the notifications' own webhook.* and email.*
 events) notifies no one. Facts are read once per audit event and feed both the webhook payload
 and the email; they carry ids, the tool name, the arguments digest, the status, the actor and a
-link, never argument values.
+link, never argument values. A run's end also carries how it ended (approvals.runs.outcome: the
+final output capped, the failure's reason, the decisions on its calls).
 """
 
 from __future__ import annotations
@@ -12,12 +13,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from django.conf import settings
-from django.urls import reverse
-
 from approvals.audit import actions
+from approvals.core.links import public_url
 from approvals.models import AuditEvent, Run, Tenant
+from approvals.runs import outcome as outcomes
 from notifications.models import Event
+
+# The events that tell how a run ended, with its outcome.
+RUN_EVENTS = frozenset({Event.RUN_COMPLETED, Event.RUN_FAILED})
 
 
 def event_for(audit_event: AuditEvent) -> str | None:
@@ -31,12 +34,11 @@ def event_for(audit_event: AuditEvent) -> str | None:
 
 
 def link_for(*, ticket_id: int | None, run_id: int | None) -> str:
-    base = settings.APPROVALS_PUBLIC_URL.rstrip("/")
     if ticket_id:
-        return base + reverse("approvals:ticket", args=[ticket_id])
+        return public_url("approvals:ticket", ticket_id)
     if run_id:
-        return base + reverse("approvals:run", args=[run_id])
-    return base + reverse("approvals:queue")
+        return public_url("approvals:run", run_id)
+    return public_url("approvals:queue")
 
 
 @dataclass(frozen=True)
@@ -60,9 +62,11 @@ class Facts:
     link: str
     # The approver group an escalation went to ("" for other events).
     group: str = ""
+    # How the run ended, for run.completed and run.failed (None for other events).
+    outcome: outcomes.Outcome | None = None
 
     def payload(self, audit_event: AuditEvent) -> dict:
-        return {
+        payload = {
             # Stable across retries: receivers deduplicate on it.
             "id": f"{self.tenant_slug}:{audit_event.seq}",
             "event": self.event,
@@ -78,13 +82,25 @@ class Facts:
             "time": self.time.isoformat(),
             "url": self.link,
         }
+        if self.outcome is not None:
+            payload["decisions"] = [d.as_dict() for d in self.outcome.decisions]
+            if self.event == Event.RUN_COMPLETED:
+                payload["output"] = self.outcome.output
+                payload["truncated"] = self.outcome.truncated
+            else:
+                payload["reason"] = self.outcome.reason
+        return payload
 
 
 def facts_for(audit_event: AuditEvent, event: str) -> Facts:
-    # One query: the run with its tenant (most events name a run), else the tenant alone.
+    # One query: the run with its tenant (most events name a run), else the tenant alone; the
+    # run's outcome only for the events that tell it.
+    fields = ["title", "requested_by_id", "tenant__slug", "tenant__name"]
+    if event in RUN_EVENTS:
+        fields += ["status", "status_reason", "final_output"]
     run = (
         Run.objects.select_related("tenant")
-        .only("title", "requested_by_id", "tenant__slug", "tenant__name")
+        .only(*fields)
         .filter(pk=audit_event.run_id, tenant_id=audit_event.tenant_id)
         .first()
         if audit_event.run_id
@@ -112,4 +128,5 @@ def facts_for(audit_event: AuditEvent, event: str) -> Facts:
         group=str((audit_event.detail or {}).get("group", ""))
         if event == Event.TICKET_ESCALATED
         else "",
+        outcome=outcomes.outcome(run) if run is not None and event in RUN_EVENTS else None,
     )

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import json
 
-from django.conf import settings
 from django.db import transaction
-from django.urls import reverse
 from django.utils import timezone
 
+from approvals.core.links import public_url
 from approvals.live import hints
 from approvals.models import AuditEvent
 from notifications.attempts import wake_worker
@@ -82,7 +81,7 @@ def fan_out_checkpoint(*, audit_event: AuditEvent, checkpoint: dict) -> list[Del
         "tenant": tenant,
         "checkpoint": checkpoint,
         "time": audit_event.created_at.isoformat(),
-        "url": settings.APPROVALS_PUBLIC_URL.rstrip("/") + reverse("approvals:audit"),
+        "url": public_url("approvals:audit"),
     }
     body = json.dumps(payload, separators=(",", ":"), sort_keys=True)
     with transaction.atomic():

@@ -19,6 +19,8 @@ class Event(models.TextChoices):
     TICKET_DECIDED = "ticket.decided", "Ticket decided"
     TICKET_EXPIRED = "ticket.expired", "Ticket expired"
     TICKET_ESCALATED = "ticket.escalated", "Ticket escalated"
+    # A caller's run: every ticket decided, its caller may fetch the decisions and resume.
+    RUN_DECIDED = "run.decided", "Run decided, waiting for its caller"
     RUN_COMPLETED = "run.completed", "Run completed"
     RUN_FAILED = "run.failed", "Run failed, expired or in doubt"
     # The tenant's audit chain head, signed (manage.py audit_checkpoint): webhooks only.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import threading
 from datetime import timedelta
@@ -11,6 +12,7 @@ import pytest
 from django.db import transaction
 from django.utils import timezone
 from django_tasks_db.models import DBTaskResult
+from standardwebhooks import Webhook, WebhookVerificationError
 
 from approvals.audit import chain as audit
 from approvals.models import AuditEvent, Role, Ticket
@@ -51,11 +53,16 @@ def test_delivery_is_signed_and_verified_by_a_receiver_on_loopback(tenant, admin
     result = deliver_webhook_task.call(delivery.pk)
 
     delivery.refresh_from_db()
-    assert result == "delivered"
+    assert result == {"delivered": 1, "failed": 0, "skipped": 0}
     assert (delivery.status, delivery.attempts, delivery.last_status_code) == ("delivered", 1, 204)
     assert delivery.last_error == ""
     assert delivery.last_duration_ms is not None
     assert [r.verified for r in receiver.received] == [True]
+    # Standard Webhooks: any receiver verifies with the off-the-shelf library and the secret.
+    request = receiver.received[0]
+    assert Webhook(secret).verify(request.body, request.headers) == json.loads(request.body)
+    assert request.headers["webhook-id"] == f"acme:{created.seq}"
+    assert request.headers["webhook-signature"].startswith("v1,")
     payload = json.loads(receiver.received[0].body)
     assert payload == {
         "id": f"acme:{created.seq}",
@@ -94,19 +101,64 @@ def test_delivery_with_the_wrong_secret_is_refused_by_the_receiver(tenant, admin
     )
 
 
-def test_signing_verify_refuses_an_old_timestamp_and_a_changed_body():
+def test_signing_a_tampered_body_an_old_timestamp_or_another_secret_fails_to_verify():
+    secret = signing.new_secret()
     body = b'{"event":"ticket.created"}'
-    headers = signing.headers("s3cret", body, timestamp=1_000_000)
-    ts, sig = headers[signing.TIMESTAMP_HEADER], headers[signing.SIGNATURE_HEADER]
+    headers = signing.headers(secret, body, message_id="acme:7")
+    old = signing.headers(
+        secret, body, message_id="acme:7", timestamp=timezone.now() - timedelta(seconds=301)
+    )
 
-    signing.verify("s3cret", body, ts, sig, now=1_000_100)
-    with pytest.raises(signing.BadSignature, match="tolerance"):
-        signing.verify("s3cret", body, ts, sig, now=1_000_000 + 301)
-    with pytest.raises(signing.BadSignature, match="does not match"):
-        signing.verify("s3cret", body + b" ", ts, sig, now=1_000_100)
-    with pytest.raises(signing.BadSignature, match="malformed"):
-        signing.verify("s3cret", body, None, sig, now=1_000_100)
-    assert sig == "v1=" + signing.signature("s3cret", 1_000_000, body)
+    assert Webhook(secret).verify(body, headers) == {"event": "ticket.created"}
+    with pytest.raises(WebhookVerificationError, match="No matching signature"):
+        Webhook(secret).verify(b'{"event":"ticket.decided"}', headers)
+    with pytest.raises(WebhookVerificationError, match="No matching signature"):
+        Webhook(secret).verify(body, {**headers, "webhook-id": "acme:8"})
+    with pytest.raises(WebhookVerificationError, match="too old"):
+        Webhook(secret).verify(body, old)
+    with pytest.raises(WebhookVerificationError, match="No matching signature"):
+        Webhook(signing.new_secret()).verify(body, headers)
+    assert secret.startswith("whsec_") and len(base64.b64decode(secret[6:], validate=True)) == 32
+
+
+def test_an_older_endpoints_url_safe_secret_keeps_working_as_the_same_key(tenant, admin, receiver):
+    """Secrets made before were whsec_ + URL-safe base64 (- and _): the same 32 bytes of key,
+    written in the standard alphabet; deliveries sign with it and rotation stores it so."""
+    key = bytes([0xFB, 0xEF, 0xFF] * 10 + [0xFE, 0xFF])  # "-" and "_" in URL-safe base64
+    legacy = "whsec_" + base64.urlsafe_b64encode(key).decode().rstrip("=")
+    assert "-" in legacy and "_" in legacy
+    endpoint, _ = make_endpoint(tenant, admin, url=receiver.url)
+    endpoints._seal_secret(endpoint, legacy)  # as an older version stored it
+    endpoint.save(update_fields=["secret_key_id", "secret_nonce", "secret_ciphertext"])
+    standard = "whsec_" + base64.b64encode(key).decode()
+    receiver.secrets.append(standard)
+
+    delivery = deliveries.attempt(one_delivery(tenant, endpoint).pk)
+
+    assert endpoints.endpoint_secret(endpoint) == standard == signing.standard_secret(legacy)
+    assert (delivery.status, [r.verified for r in receiver.received]) == ("delivered", [True])
+    request = receiver.received[0]
+    assert Webhook(bytes(key)).verify(request.body, request.headers)["event"] == "ticket.escalated"
+
+
+def test_delivery_keeps_its_webhook_id_on_every_attempt_and_retry(tenant, admin, failing_receiver):
+    endpoint, secret = make_endpoint(tenant, admin, url=failing_receiver.url)
+    failing_receiver.secrets.append(secret)
+    delivery = one_delivery(tenant, endpoint)
+    now = timezone.now()
+    for _ in range(attempts.MAX_ATTEMPTS):
+        delivery = deliveries.attempt(delivery.pk, now=now)
+        now = delivery.next_attempt_at or now
+    deliveries.retry(delivery, user=admin)
+    deliveries.attempt(delivery.pk)
+
+    ids = [r.headers["webhook-id"] for r in failing_receiver.received]
+    payload = json.loads(failing_receiver.received[0].body)
+    assert ids == [payload["id"]] * (attempts.MAX_ATTEMPTS + 1)
+    assert payload["id"] == f"acme:{delivery.audit_event.seq}"
+    assert all(
+        Webhook(secret).verify(r.body, r.headers) == payload for r in failing_receiver.received
+    )
 
 
 def test_delivery_failing_receiver_is_retried_with_backoff_then_failed_and_audited(
@@ -215,7 +267,7 @@ def test_delivery_of_a_deleted_endpoint_does_nothing(tenant, admin):
     delivery = one_delivery(tenant, endpoint)
     endpoints.delete_endpoint(endpoint, user=admin)
 
-    assert deliver_webhook_task.call(delivery.pk) == "skipped"
+    assert deliver_webhook_task.call(delivery.pk) == {"delivered": 0, "failed": 0, "skipped": 1}
 
 
 def test_fan_out_only_for_selected_events(tenant, admin):
@@ -227,26 +279,33 @@ def test_fan_out_only_for_selected_events(tenant, admin):
     assert Delivery.objects.filter(endpoint=endpoint).count() == 0
 
 
-def test_the_verification_snippet_in_the_docs_accepts_a_delivery_and_refuses_a_replay():
+def test_the_verification_snippet_in_the_docs_accepts_a_delivery_and_refuses_the_rest(
+    tenant, admin, receiver
+):
     """docs/NOTIFICATIONS.md shows receivers how to verify; the snippet must really work."""
     import re
-    import time
     from pathlib import Path
 
+    endpoint, secret = make_endpoint(tenant, admin, url=receiver.url)
+    receiver.secrets.append(secret)
+    deliveries.attempt(one_delivery(tenant, endpoint).pk)
+    request = receiver.received[0]
     doc = (Path(__file__).resolve().parents[2] / "docs" / "NOTIFICATIONS.md").read_text()
     snippet = re.search(r"```python\n(.*?)```", doc, re.S).group(1)
-    namespace: dict = {}
+    namespace: dict = {"SECRET": secret}
     exec(snippet, namespace)  # noqa: S102 - our own documentation
-    verify = namespace["verify"]
-    body = b'{"event":"run.completed"}'
-    fresh = signing.headers("whsec_x", body)
-    old = signing.headers("whsec_x", body, timestamp=int(time.time()) - 301)
-
-    assert verify("whsec_x", body, fresh[signing.TIMESTAMP_HEADER], fresh[signing.SIGNATURE_HEADER])
-    assert not verify("whsec_x", body, old[signing.TIMESTAMP_HEADER], old[signing.SIGNATURE_HEADER])
-    assert not verify(
-        "whsec_y", body, fresh[signing.TIMESTAMP_HEADER], fresh[signing.SIGNATURE_HEADER]
+    receive = namespace["receive"]
+    old = signing.headers(
+        secret,
+        request.body,
+        message_id=request.headers["webhook-id"],
+        timestamp=timezone.now() - timedelta(minutes=6),
     )
+
+    assert receive(request.body, request.headers) == json.loads(request.body)
+    assert receive(request.body.replace(b"acme", b"evil"), request.headers) is None
+    assert receive(request.body, old) is None
+    assert receive(request.body, {**request.headers, "webhook-signature": "garbage"}) is None
 
 
 def test_requeue_stale_gives_a_lost_delivery_its_task_once(tenant, admin):

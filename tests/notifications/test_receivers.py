@@ -110,7 +110,7 @@ def test_audit_checkpoint_reaches_a_receiver_on_loopback_as_a_signed_event(
     delivery = Delivery.objects.get(endpoint=endpoint)
     result = deliver_webhook_task.call(delivery.pk)
 
-    assert result == "delivered"
+    assert result == {"delivered": 1, "failed": 0, "skipped": 0}
     assert [(r.line, r.verified) for r in receiver.received] == [
         ("verified audit.checkpoint", True)
     ]

@@ -1,6 +1,11 @@
 """A development aid: a tiny webhook receiver that verifies signatures and logs what arrives.
 
-    manage.py webhook_receiver --port 8025 [--secret whsec_...]
+    manage.py webhook_receiver [--port 8025] [--secret whsec_...]
+
+It verifies the way any receiver should: with the `standardwebhooks` library,
+`Webhook(secret).verify(body, headers)` on the raw body (docs/NOTIFICATIONS.md). The port
+defaults to $WEBHOOK_PORT (8025), where bin/run-dev starts it and seed_demo points acme's
+demo webhook.
 
 Without --secret (or WEBHOOK_SECRET) it checks against the secrets of the endpoints in the
 database whose URL points at this receiver, re-read on every request: that is how the demo
@@ -20,8 +25,9 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 from django.db import close_old_connections
+from standardwebhooks import Webhook, WebhookVerificationError
 
 from approvals.core import crypto
 from notifications import endpoints, signing
@@ -34,32 +40,31 @@ def make_server(
     host: str, port: int, secrets: Callable[[], list[str]], log, *, status: int = 204
 ) -> ThreadingHTTPServer:
     """A receiver on host:port that accepts a signature made with any of secrets();
-    log(line, verified, body) is called for every request."""
+    log(line, verified, body, headers) is called for every request."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:  # noqa: N802 - http.server's naming
             length = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(min(length, MAX_BODY))
             problem = "no secret to check against"
+            headers = {name.lower(): value for name, value in self.headers.items()}
+            payload = None
             for secret in secrets():
                 try:
-                    signing.verify(
-                        secret,
-                        body,
-                        self.headers.get(signing.TIMESTAMP_HEADER),
-                        self.headers.get(signing.SIGNATURE_HEADER),
-                    )
-                except signing.BadSignature as error:
-                    problem = str(error)
+                    payload = Webhook(secret).verify(body, headers)
+                # A malformed signature header or secret raises ValueError, not the library's own.
+                except (WebhookVerificationError, ValueError) as error:
+                    problem = str(error) or type(error).__name__
                 else:
                     problem = ""
                     break
             if problem:
-                log(f"REFUSED {self.path}: {problem}", False, body)
+                log(f"REFUSED {self.path}: {problem}", False, body, headers)
                 self.send_response(401)
                 self.end_headers()
                 return
-            log(f"verified {self.headers.get('X-Approvals-Event', '?')}", True, body)
+            event = payload.get("event", "?") if isinstance(payload, dict) else "?"
+            log(f"verified {event}", True, body, headers)
             self.send_response(status)
             self.end_headers()
 
@@ -74,7 +79,12 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("--host", default="127.0.0.1")
-        parser.add_argument("--port", type=int, default=8025)
+        parser.add_argument(
+            "--port",
+            type=int,
+            default=int(os.environ.get("WEBHOOK_PORT") or 8025),
+            help="default: $WEBHOOK_PORT, else 8025",
+        )
         parser.add_argument(
             "--secret",
             default=os.environ.get("WEBHOOK_SECRET", ""),
@@ -92,7 +102,7 @@ class Command(BaseCommand):
                     continue
             return found
 
-        def log(line: str, verified: bool, body: bytes) -> None:
+        def log(line: str, verified: bool, body: bytes, headers: dict[str, str]) -> None:
             stamp = datetime.now(UTC).strftime("%H:%M:%S")
             try:
                 summary = json.loads(body)
@@ -101,6 +111,12 @@ class Command(BaseCommand):
                 summary = {"bytes": len(body)}
             print(f"[webhook {stamp}] {line} {json.dumps(summary)}", file=sys.stdout, flush=True)
 
+        if secret:
+            try:
+                # An older endpoint's secret in base64's URL-safe alphabet is the same key.
+                secret = signing.standard_secret(secret)
+            except ValueError as error:
+                raise CommandError(f"--secret: {error}") from None
         server = make_server(host, port, (lambda: [secret]) if secret else stored_secrets, log)
         source = "the given secret" if secret else "the secrets of the endpoints that point here"
         self.stdout.write(

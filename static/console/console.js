@@ -82,6 +82,22 @@
     dialog.className = "confirm";
     const text = document.createElement("p");
     text.textContent = button.dataset.confirm;
+    // A rejection's confirmation holds its message to the agent, focused, so `r` and a click
+    // both lead to one place to write it; it goes back into the form's field on confirm.
+    const source = button.dataset.confirmMessage && document.getElementById(button.dataset.confirmMessage);
+    let note = null;
+    if (source) {
+      const label = document.createElement("label");
+      label.htmlFor = "confirm-message";
+      label.textContent = "Message to the agent";
+      note = document.createElement("textarea");
+      note.id = "confirm-message";
+      note.rows = 3;
+      note.maxLength = source.maxLength > 0 ? source.maxLength : 2000;
+      note.placeholder = source.placeholder;
+      note.value = source.value;
+      dialog.append(label, note);
+    }
     const actions = document.createElement("div");
     actions.className = "actions";
     const cancel = document.createElement("button");
@@ -93,7 +109,8 @@
     ok.className = button.className;
     ok.textContent = button.textContent.trim();
     actions.append(cancel, ok);
-    dialog.append(text, actions);
+    dialog.prepend(text);
+    dialog.append(actions);
     document.body.append(dialog);
     cancel.addEventListener("click", () => dialog.close());
     ok.addEventListener("click", () => {
@@ -102,6 +119,8 @@
       const current = (button.dataset.key && document.querySelector(`#decide-form button[data-key="${button.dataset.key}"]`)) || button;
       if (!current.form) return;
       confirmed = current;
+      const field = note && current.dataset.confirmMessage && document.getElementById(current.dataset.confirmMessage);
+      if (field) field.value = note.value;
       // htmx does not always see the submitter, so the choice also travels in a hidden field.
       const hidden = current.form.querySelector("input[data-decision]");
       if (hidden) hidden.value = current.value;
@@ -109,7 +128,7 @@
     });
     dialog.addEventListener("close", () => dialog.remove());
     dialog.showModal();
-    ok.focus();
+    (note || ok).focus();
   }
   document.addEventListener("click", (event) => {
     const button = event.target.closest("button[data-confirm]");
@@ -217,6 +236,13 @@
     mark(row, refocus);
   });
   document.addEventListener("keydown", (event) => {
+    if (event.key === "Escape" && !event.ctrlKey && !event.metaKey && !event.altKey) {
+      // Escape closes an open confirmation (even from its message field), else leaves a field.
+      const open = document.querySelector("dialog[open]");
+      if (open) { event.preventDefault(); open.close(); }
+      else if (typing(event.target)) { event.preventDefault(); event.target.blur(); }
+      return;
+    }
     if (event.ctrlKey || event.metaKey || event.altKey || typing(event.target)) return;
     if (document.querySelector("dialog[open]")) return;
     if (event.key === "j") { select(selectedIndex() + 1); event.preventDefault(); }
@@ -235,10 +261,6 @@
       const button = document.querySelector(`#decide-form button[data-key="${event.key}"]`);
       if (button) {
         event.preventDefault();
-        if (event.key === "r") {
-          const message = document.getElementById("id_message");
-          if (message && !message.value.trim()) { message.focus(); return; }
-        }
         confirmThen(button);
       }
     }
@@ -266,4 +288,18 @@
     });
   }
   setInterval(tick, 30000);
+
+  // --- copy a secret shown once (an API token) to the clipboard ---
+  document.addEventListener("click", (event) => {
+    const button = event.target.closest("button[data-copy]");
+    if (!button) return;
+    const source = document.getElementById(button.dataset.copy);
+    const status = document.querySelector(`[data-copy-status="${button.dataset.copy}"]`);
+    const say = (text) => { if (status) status.textContent = text; };
+    if (!source || !navigator.clipboard) { say("Select the token and copy it."); return; }
+    navigator.clipboard.writeText(source.textContent.trim()).then(
+      () => say("Copied."),
+      () => say("Could not copy: select the token and copy it."),
+    );
+  });
 })();

@@ -6,9 +6,12 @@ STAMP := $(VENV)/.installed-stamp
 
 .PHONY: install run test faults lint format migrate seed worker clean
 
-$(STAMP): pyproject.toml
+CLIENT := clients/python
+
+# The console with its test tools, and the API client package (editable) its tests import.
+$(STAMP): pyproject.toml $(CLIENT)/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test]'
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test]' -e ./$(CLIENT)
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -4,6 +4,8 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
+from api.v1 import api
+
 urlpatterns = [
     path("admin/", admin.site.urls),
     path(
@@ -14,5 +16,7 @@ urlpatterns = [
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("sessions/", include("sessions_admin.urls")),
     path("notifications/", include("notifications.urls")),
+    path("api/v1/", api.urls),
+    path("", include("api.urls")),
     path("", include("approvals.urls")),
 ]

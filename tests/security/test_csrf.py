@@ -15,6 +15,8 @@ from django.conf import settings as django_settings
 from django.test import Client
 from django.urls import reverse
 
+from api import tokens
+from api.models import ApiToken
 from approvals.models import AuditEvent, Role, Run, Tenant, Ticket, TicketStatus
 from notifications.models import Delivery, EmailDelivery, WebhookEndpoint
 from sessions_admin.models import StoredItem, StoredSession
@@ -37,6 +39,7 @@ class Side:
     endpoint_ids: list[int]
     delivery_ids: list[int]
     email_ids: list[int]
+    token_prefixes: list[str]
 
 
 @pytest.fixture(autouse=True)
@@ -55,6 +58,9 @@ def own():
     admin = member(tenant, Role.ADMIN, username="acme-admin")
     endpoint, delivery = webhook_for(tenant, admin, "https://hooks.example.com/acme")
     email = failed_email_for(tenant)
+    token = tokens.issue(
+        tenant=tenant, name="acme deploy bot", scopes=["runs:read"], created_by=admin
+    ).token
     side = Side(
         Ticket.objects.get(run=run),
         run,
@@ -63,6 +69,7 @@ def own():
         [endpoint.pk],
         [delivery.pk],
         [email.pk],
+        [token.prefix],
     )
     return tenant, admin, side
 
@@ -102,6 +109,7 @@ def snapshot(tenant: Tenant) -> tuple:
         list(WebhookEndpoint.objects.values_list("pk", "url", "events", "active")),
         list(Delivery.objects.values_list("pk", "status", "attempts")),
         list(EmailDelivery.objects.values_list("pk", "status", "attempts")),
+        list(ApiToken.objects.values_list("pk", "revoked_at")),
     )
 
 

@@ -30,6 +30,7 @@ SETTINGS_VARIABLES = (
     "APPROVALS_ENCRYPTION_KEYS",
     "APPROVALS_AUDIT_KEYS",
     "APPROVALS_AUDIT_SIGNING_KEY",
+    "APPROVALS_DECISION_SIGNING_KEYS",
     "DJANGO_ALLOWED_HOSTS",
     "DJANGO_DEBUG",
     "DJANGO_SECURE_SSL_REDIRECT",
@@ -54,6 +55,7 @@ def production_env(**extra: str) -> dict[str, str]:
         APPROVALS_ENCRYPTION_KEYS=f"prod1:{new_encryption_key()}",
         APPROVALS_AUDIT_KEYS=f"audit1:{new_encryption_key()}",
         APPROVALS_AUDIT_SIGNING_KEY=new_encryption_key(),
+        APPROVALS_DECISION_SIGNING_KEYS=f"decision1:{new_encryption_key()}",
         DJANGO_ALLOWED_HOSTS=HOST,
         **extra,
     )

@@ -17,6 +17,7 @@ from django.db import transaction
 from django.test import Client
 from django.urls import get_resolver, path, resolve
 
+from api import tokens
 from approvals.audit import chain as audit
 from approvals.audit.chain import verify_chain
 from approvals.models import Role, Run, RunStatus, Tenant, Ticket, TicketStatus
@@ -63,6 +64,8 @@ KWARGS: dict[str, Kwarg] = {
     "delivery": Kwarg(from_side("delivery_ids"), scoped=True),
     # The email log: B's failed email, under B's slug and under A's own.
     "email": Kwarg(from_side("email_ids"), scoped=True),
+    # The API token pages: B's token, by its visible prefix.
+    "prefix": Kwarg(from_side("token_prefixes"), scoped=True),
 }
 # Query parameters that name an object (the sessions pages take ?id=SESSION): every
 # object-scoped URL is also asked with each of tenant B's values.
@@ -88,6 +91,7 @@ class Side:
     endpoint_ids: list[int] = field(default_factory=list)
     delivery_ids: list[int] = field(default_factory=list)
     email_ids: list[int] = field(default_factory=list)
+    token_prefixes: list[str] = field(default_factory=list)
 
 
 def webhook_for(tenant: Tenant, admin, url: str) -> tuple[WebhookEndpoint, Delivery]:
@@ -155,6 +159,9 @@ def world() -> dict:
     sessions_for(bravo, *B_SESSIONS, B_CONVERSATION)
     endpoint, delivery = webhook_for(bravo, bravo_admin, B_WEBHOOK)
     email = failed_email_for(bravo)
+    token = tokens.issue(
+        tenant=bravo, name="bravo deploy bot", scopes=["runs:read"], created_by=bravo_admin
+    ).token
     return {
         "alpha": alpha,
         "alpha_run": alpha_run,
@@ -167,6 +174,7 @@ def world() -> dict:
             endpoint_ids=[endpoint.pk],
             delivery_ids=[delivery.pk],
             email_ids=[email.pk],
+            token_prefixes=[token.prefix],
         ),
     }
 
@@ -292,6 +300,9 @@ def test_url_sweep_own_objects_answer_200_so_the_sweep_can_fail(client, world):
     alpha_admin = member(world["alpha"], Role.ADMIN, username="alpha-admin")
     endpoint, delivery = webhook_for(world["alpha"], alpha_admin, "https://alpha.example/")
     email = failed_email_for(world["alpha"])
+    token = tokens.issue(
+        tenant=world["alpha"], name="alpha bot", scopes=["runs:read"], created_by=alpha_admin
+    ).token
     side = Side(
         tenant=world["alpha"],
         ticket=Ticket.objects.get(run=alpha_run),
@@ -301,6 +312,7 @@ def test_url_sweep_own_objects_answer_200_so_the_sweep_can_fail(client, world):
         endpoint_ids=[endpoint.pk],
         delivery_ids=[delivery.pk],
         email_ids=[email.pk],
+        token_prefixes=[token.prefix],
     )
     client.force_login(alpha_admin)
     statuses = {}
@@ -327,6 +339,7 @@ def test_url_sweep_own_objects_answer_200_so_the_sweep_can_fail(client, world):
         "notifications:retry": 405,
         "notifications:emails": 200,
         "notifications:email_retry": 405,
+        "api:token-revoke": 200,
     }
 
 

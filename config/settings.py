@@ -69,6 +69,7 @@ INSTALLED_APPS = [
     "approvals",
     "sessions_admin",
     "notifications",
+    "api",
 ]
 # Test, benchmark and demo tooling (devtools/): never installed in production.
 if not PRODUCTION:
@@ -137,6 +138,18 @@ CHANNEL_LAYERS = {
     }
     if REDIS_URL
     else {"BACKEND": "channels.layers.InMemoryChannelLayer"}
+}
+
+# The cache: the API's rate limit and usage counts (api.tokens) and cached chain checks. Shared
+# between processes through Redis when REDIS_URL is set; per process otherwise.
+CACHES = {
+    "default": {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": REDIS_URL,
+        "KEY_PREFIX": "approvals",
+    }
+    if REDIS_URL
+    else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}
 }
 
 TASKS = {
@@ -213,6 +226,14 @@ APPROVALS_AUDIT_KEYS = parse_encryption_keys(
 APPROVALS_AUDIT_SIGNING_KEY = parse_signing_key(
     env_str("APPROVALS_AUDIT_SIGNING_KEY") or _dev_secrets["APPROVALS_AUDIT_SIGNING_KEY"]
 )
+# The Ed25519 private keys that sign the decisions a caller fetches for a run it resumes itself
+# (approvals.core.signatures.sign_decision): the first signs, every one is published
+# (GET /api/v1/keys), so a new key goes first and the old one stays until no caller needs it.
+APPROVALS_DECISION_SIGNING_KEYS = parse_encryption_keys(
+    env_str("APPROVALS_DECISION_SIGNING_KEYS") or _dev_secrets["APPROVALS_DECISION_SIGNING_KEYS"],
+    name="APPROVALS_DECISION_SIGNING_KEYS",
+    algorithm="Ed25519",
+)
 
 # agent key -> version -> dotted path of a factory (no required arguments) that builds the
 # top-level agent. A version, once deployed, keeps its tool names, schemas and handoffs.
@@ -251,6 +272,11 @@ APPROVALS_DEMO_EFFECT_LOG = Path(
 
 # Where people reach the console: links in notification emails and webhook payloads.
 APPROVALS_PUBLIC_URL = env_url("APPROVALS_PUBLIC_URL", "http://127.0.0.1:8000")
+
+# The HTTP API (api): requests per token per minute (fixed windows of the clock, in the cache),
+# and how often a long poll (GET /api/v1/runs/N?wait=) re-reads the run's status.
+APPROVALS_API_RATE_PER_MINUTE = env_int("APPROVALS_API_RATE_PER_MINUTE", 600, minimum=1)
+APPROVALS_API_WAIT_POLL_SECONDS = 0.5
 
 # Notification email. Development prints messages to the console; set EMAIL_BACKEND to
 # django.core.mail.backends.smtp.EmailBackend (with EMAIL_HOST, ...) to send them.

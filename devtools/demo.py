@@ -153,6 +153,7 @@ def _release_responder(call) -> list:
     release = match.group(1)
     environments = [e for e in ("staging", "production") if e in prompt.lower()] or ["production"]
     latest = {}
+    deployed: list[str] = []
     for environment in environments:
         call_id, corrected = _latest_call(
             f"call_deploy_{release}_{environment}", "deploy_release", outputs
@@ -161,8 +162,13 @@ def _release_responder(call) -> list:
             arguments = corrected or {"release": release, "environment": environment}
             return [function_call("deploy_release", arguments, call_id=call_id)]
         latest[environment] = call_id
+        # An approver's edit changed what was deployed: the report names that release.
+        edited = corrected.get("release") if corrected else None
+        name = edited if isinstance(edited, str) else release
+        if name not in deployed:
+            deployed.append(name)
     summary = " ".join(outputs[latest[e]] for e in environments)
-    return [assistant_message(f"Release {release}: {summary}")]
+    return [assistant_message(f"Release {', '.join(deployed)}: {summary}")]
 
 
 def _invoice_responder(call) -> list:

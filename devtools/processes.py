@@ -50,6 +50,8 @@ def child_env(**extra: str) -> dict[str, str]:
         "APPROVALS_AUDIT_SIGNING_KEY": base64.urlsafe_b64encode(
             settings.APPROVALS_AUDIT_SIGNING_KEY
         ).decode(),
+        # A child signs decisions with the keys this process publishes.
+        "APPROVALS_DECISION_SIGNING_KEYS": _ring(settings.APPROVALS_DECISION_SIGNING_KEYS),
         "APPROVALS_DEMO_EFFECT_LOG": str(settings.APPROVALS_DEMO_EFFECT_LOG),
         # A worker delivering webhooks refuses or allows private targets as this process does.
         "NOTIFICATIONS_ALLOW_PRIVATE_WEBHOOKS": "1"

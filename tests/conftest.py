@@ -123,6 +123,7 @@ class Received:
     line: str
     verified: bool
     body: bytes
+    headers: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -144,7 +145,7 @@ def _serve(status: int):
         "127.0.0.1",
         0,
         lambda: list(receiver.secrets),
-        lambda line, ok, body: receiver.received.append(Received(line, ok, body)),
+        lambda line, ok, body, headers: receiver.received.append(Received(line, ok, body, headers)),
         status=status,
     )
     receiver.url = f"http://127.0.0.1:{server.server_address[1]}/hook"

@@ -19,10 +19,12 @@ from django.db import connection, transaction
 from django.test import Client
 from django.utils import timezone
 
+from api import tokens
 from approvals.audit import chain, guard
 from approvals.execution import registry
 from approvals.models import AuditEvent, Membership, Role, Run, Tenant, Ticket
 from approvals.runs.pause import pause_run
+from approvals.runs.remote import submit_paused
 from config.asgi import application
 from devtools import demo
 
@@ -102,6 +104,20 @@ def paused_call(tenant: Tenant, arguments: str | dict, *, requested_by=None) -> 
     )
 
 
+def caller_run(tenant: Tenant, arguments: str | dict | None = None, *, requested_by=None) -> Run:
+    """A run its caller holds (executor caller): a release run paused on one call, its state
+    handed over as a caller's process would."""
+    arguments = arguments or {"release": "2026.07.24", "environment": "production"}
+    result = run_agent("release", "Deploy", agent=calling_agent(arguments))
+    return submit_paused(
+        tenant=tenant,
+        agent_key="release",
+        agent_version="1",
+        state_json=result.to_state().to_json(),
+        requested_by=requested_by,
+    )
+
+
 def two_call_agent() -> Agent:
     """The release agent's tools, with a model that asks for both deployments in one turn."""
     calls = [
@@ -168,6 +184,7 @@ SETTINGS_VARIABLES = (
     "APPROVALS_ENCRYPTION_KEYS",
     "APPROVALS_AUDIT_KEYS",
     "APPROVALS_AUDIT_SIGNING_KEY",
+    "APPROVALS_DECISION_SIGNING_KEYS",
     "DJANGO_ALLOWED_HOSTS",
     "DJANGO_DEBUG",
     "NOTIFICATIONS_ALLOW_PRIVATE_WEBHOOKS",
@@ -240,3 +257,19 @@ def audit_events(tenant: Tenant, length: int) -> list[AuditEvent]:
         with transaction.atomic():
             events.append(chain.append(tenant_id=tenant.pk, action="run.paused", outcome=f"{n}"))
     return events
+
+
+# --- the HTTP API -------------------------------------------------------------------------------
+
+
+def api_token(tenant: Tenant, *scopes: str, user=None, days: int = 90):
+    """An API token of the tenant with these scopes (all when none are named): (row, token)."""
+    issued = tokens.issue(
+        tenant=tenant, name="test", scopes=list(scopes or tokens.SCOPES), user=user, days=days
+    )
+    return issued.token, issued.secret
+
+
+def bearer(secret: str) -> dict[str, str]:
+    """The headers of an API request with this token."""
+    return {"Authorization": f"Bearer {secret}"}

@@ -79,6 +79,10 @@ _ACTIONS = [
     Action("group.changed", "Approver group changed", "group.changed"),
     Action("group.deleted", "Approver group deleted", "group.deleted"),
     Action("run.queued", "Queued for the worker", RUN_CHANGED),
+    # A caller's run, every ticket decided: its caller fetches the signed decisions and resumes.
+    Action(
+        "run.awaiting_caller", "Decided: waiting for the caller", RUN_CHANGED, notify="run.decided"
+    ),
     Action("run.resuming", "Worker resuming", RUN_CHANGED),
     Action("effect.done", "Effect done", RUN_CHANGED),
     Action("run.completed", "Completed", RUN_CHANGED, notify="run.completed"),
@@ -109,6 +113,12 @@ _ACTIONS = [
     Action("webhook.failed", "Webhook delivery failed", DELIVERY_CHANGED),
     Action("webhook.retried", "Webhook delivery retried", DELIVERY_CHANGED),
     Action("webhook.pinged", "Webhook test event sent", DELIVERY_CHANGED),
+    # API tokens (the api app): issued and revoked by admins; their use is one event per token
+    # per minute window (api.tokens.record_use), and each change made over the API is its own
+    # action with detail via=api and the token's prefix.
+    Action("token.created", "API token created", "token.changed"),
+    Action("token.revoked", "API token revoked", "token.changed"),
+    Action("token.used", "API token used", "token.changed"),
     Action("email.failed", "Notification email failed", DELIVERY_CHANGED),
     Action("email.retried", "Notification email retried", DELIVERY_CHANGED),
 ]
@@ -136,6 +146,9 @@ OUTCOMES: tuple[str, ...] = tuple(
             "inactive",
             "deleted",
             "delivered",
+            # API tokens (api)
+            "revoked",
+            "used",
         }
     )
 )

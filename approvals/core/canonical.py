@@ -96,6 +96,21 @@ def parse_arguments(raw: str | None) -> Any:
         return {UNPARSED: raw}
 
 
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def loads_unique(text: str | bytes) -> Any:
+    """json.loads that refuses what parsers read differently: a repeated key (ValueError naming
+    it) and NaN or Infinity (which JSON does not have)."""
+    try:
+        return json.loads(
+            text, object_pairs_hook=_refuse_duplicates, parse_constant=_refuse_constant
+        )
+    except _DuplicateKey as error:
+        raise ValueError(f"the key {str(error)!r} appears twice in one object") from None
+
+
 def canonical_arguments(raw: str | None) -> str:
     return canonical_json(parse_arguments(raw))
 

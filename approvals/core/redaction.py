@@ -80,6 +80,8 @@ _DESCRIBING_WORDS = frozenset(
         "output",
         "reasoning",
         "cached",
+        # An API token's prefix names the token in lists and the audit log; it is no secret.
+        "prefix",
     }
 )
 

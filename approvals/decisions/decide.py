@@ -91,6 +91,8 @@ def decide(
     message: str = "",
     always: bool = False,
     flags_seen: bool = False,
+    shown_digest: str | None = None,
+    via: dict[str, str] | None = None,
 ) -> Ticket:
     """Approve or reject a pending ticket under its policy.
 
@@ -106,11 +108,17 @@ def decide(
     ticket shows), AlreadyVotedError, TicketExpiredError, AlreadyDecidedError or
     InvalidDecisionError, having written nothing. FlaggedCallError: a flagged call is approved
     only by a person who was shown its flags (flags_seen, from the ticket page).
+    shown_digest: a caller that did not see the ticket's page (the API) names the call by the
+    digest it was shown; another digest is a DigestMismatchError, for a rejection too.
+    via: facts of the channel the decision came through (the API: via=api and the token's
+    prefix), recorded in the detail of the decision's audit event.
     """
     message = checked_message(message)
     if always and not approve:
         raise InvalidDecisionError("'always' goes with an approval, not a rejection")
     check_decider(ticket, user, approve=approve)
+    if shown_digest is not None:
+        digest.require_shown(ticket, shown_digest)
     if approve and ticket.is_pending:
         # The digest is checked when shown and again now: what is approved is what will run.
         digest.require_verified(ticket)
@@ -124,7 +132,7 @@ def decide(
         # Only what is read here: the row also holds the state blob, which need not travel.
         run = (
             Run.objects.select_for_update()
-            .only("tenant_id", "status", "state_generation")
+            .only("tenant_id", "status", "state_generation", "executor")
             .get(pk=ticket.run_id)
         )
         now = timezone.now()
@@ -148,7 +156,11 @@ def decide(
                     action="ticket.vote",
                     actor=user,
                     outcome="pending",
-                    detail={"progress": progress.describe(), "policy": policy.version},
+                    detail={
+                        "progress": progress.describe(),
+                        "policy": policy.version,
+                        **(via or {}),
+                    },
                 )
                 hints.notify_on_commit(
                     ticket.tenant_id, "ticket.changed", ticket=ticket.pk, run=run.pk
@@ -161,6 +173,7 @@ def decide(
         if approve and (progress.count > 1 or policy.group_rules):
             detail["voters"] = progress.voters
             detail["policy"] = policy.version
+        detail.update(via or {})
         chain.append_for_ticket(
             ticket,
             action="ticket.approved" if approve else "ticket.rejected",

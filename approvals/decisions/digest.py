@@ -121,6 +121,16 @@ def require_verified(ticket: Ticket) -> None:
         raise DigestMismatchError(f"not approved: {check.problem}")
 
 
+def require_shown(ticket: Ticket, shown_digest: str) -> None:
+    """Raises DigestMismatchError unless shown_digest is the digest the ticket shows: a caller
+    that did not see the ticket's page (the API) names the call it decides by its digest."""
+    if shown_digest != ticket.arguments_digest:
+        raise DigestMismatchError(
+            f"not decided: this ticket's arguments digest is {ticket.arguments_digest}, "
+            f"not {shown_digest[:64] or 'empty'}; read the ticket again"
+        )
+
+
 def copy_is_intact(ticket: Ticket) -> bool:
     """The ticket's copy of the arguments still has its recorded digest: what lists show (the
     queue, the batch) is what the digest covers. Cheap: no state to open."""

@@ -87,7 +87,15 @@ def check_editable(ticket: Ticket, user) -> Any:
     """
     decide.check_decider(ticket, user, approve=True)
     decide.refuse_unless_pending(ticket, timezone.now())
-    tool = tool_for(ticket.run, ticket.tool_name)
+    run = ticket.run
+    blocker = registry.resume_blocker(run)
+    if blocker:
+        # Nothing approved here could run, so the page must not suggest approving it.
+        raise ToolUnavailableError(
+            f"this run cannot resume here: {blocker}. Reject the call with a message to the "
+            f"agent, or ask an admin to deploy agent {run.agent_key} v{run.agent_version}"
+        )
+    tool = tool_for(run, ticket.tool_name)
     if tool is None:
         raise ToolUnavailableError(
             f"the tool {ticket.tool_name} is not in agent {ticket.run.agent_key} "

@@ -90,6 +90,8 @@ class ExpiryReport:
     rejected: list[int] = field(default_factory=list)
     run_expired: bool = False
     run_queued: bool = False
+    # A caller's run is not queued: once decided, it waits for its caller.
+    run_awaiting_caller: bool = False
 
 
 def expire_run_tickets(run_id: int, *, now) -> ExpiryReport:
@@ -98,7 +100,7 @@ def expire_run_tickets(run_id: int, *, now) -> ExpiryReport:
     "expire": the ticket expires and its paused run expires with it (its other pending tickets
     are superseded); "reject": reject_on_expiry(); "escalate": escalate(), and a second lapse
     (or nowhere to escalate to) rejects. When nothing of the run is left pending, the run is
-    queued. Side effects, in one transaction under the run's lock: the tickets' and run's
+    queued (a caller's run waits for its caller instead: execution.queue), as for a decision. Side effects, in one transaction under the run's lock: the tickets' and run's
     statuses, audit events ticket.expired / run.expired and those of the actions, a resume task
     when queued; after commit, live hints.
     """
@@ -158,7 +160,8 @@ def expire_run_tickets(run_id: int, *, now) -> ExpiryReport:
             )
             report.run_expired = True
         elif queue.queue_if_decided(run, now=now, actor_name="reaper"):
-            report.run_queued = True
+            report.run_queued = run.status == RunStatus.QUEUED
+            report.run_awaiting_caller = run.status == RunStatus.AWAITING_CALLER
         hints.notify_on_commit(
             run.tenant_id,
             "run.changed",

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 from approvals import transitions
 from approvals.audit import chain
 from approvals.core.canonical import arguments_digest, canonical_arguments
@@ -12,29 +15,60 @@ from approvals.models import Run, Ticket, TicketStatus
 from approvals.policies import scopes
 
 
+@dataclass(frozen=True)
+class PendingCall:
+    """One tool call waiting for approval, as its ticket reads it.
+
+    Built from an SDK interruption (a ToolApprovalItem: PendingCall.of) when the console holds
+    the run, or from the interruptions of a state's JSON when its caller does
+    (runs.remote), so both open tickets the same way.
+    """
+
+    name: str
+    qualified_name: str
+    arguments: str | None
+    call_id: str
+    agent_name: str
+
+    @classmethod
+    def of(cls, item: Any) -> PendingCall:
+        """The call of an SDK interruption (anything with ToolApprovalItem's attributes)."""
+        if isinstance(item, PendingCall):
+            return item
+        return cls(
+            name=item.name or "",
+            qualified_name=item.qualified_name or "",
+            arguments=item.arguments,
+            call_id=item.call_id or "",
+            agent_name=getattr(item.agent, "name", "") or "",
+        )
+
+
 def open_tickets(run: Run, interruptions, *, requested_by, now, resumed: bool) -> list[Ticket]:
-    """One ticket per interruption, in the caller's transaction (which holds the run's row).
+    """One ticket per interruption (SDK interruptions or PendingCalls), in the caller's
+    transaction (which holds the run's row).
 
     A malformed call (decisions.calls) is rejected at once with the reasons for the model, and
     audited as ticket.malformed; the others go to the automatic deciders. When nothing of the
-    run is left pending, the run is queued. Side effects: the tickets, audit events
+    run is left pending, the run is queued (or, for a caller's run, waits for its caller:
+    execution.queue). Side effects: the tickets, audit events
     ticket.created (and ticket.malformed), live hints after commit, and what the automatic
     deciders write.
     """
     tickets = []
     malformed: dict[int, list[str]] = {}
-    for item in interruptions:
-        raw = item.arguments
-        tool_name = item.qualified_name or item.name or ""
+    for call in map(PendingCall.of, interruptions):
+        raw = call.arguments
+        tool_name = call.qualified_name or call.name
         policy = scopes.resolve(run.tenant_id, run.agent_key, tool_name)
         tickets.append(
             Ticket.objects.create(
                 run=run,
                 tenant_id=run.tenant_id,
                 generation=run.state_generation,
-                agent_name=getattr(item.agent, "name", "") or "",
+                agent_name=call.agent_name,
                 tool_name=tool_name,
-                tool_call_id=item.call_id or "",
+                tool_call_id=call.call_id,
                 arguments_json=canonical_arguments(raw),
                 arguments_digest=arguments_digest(raw),
                 requested_by=requested_by,

@@ -19,6 +19,7 @@ from approvals.audit import chain
 from approvals.live import hints
 from approvals.models import (
     Run,
+    RunExecutor,
     RunStatus,
     Ticket,
     TicketStatus,
@@ -56,15 +57,39 @@ def enqueue_resume(run_id: int) -> None:
 
 
 def queue_if_decided(run: Run, *, now, actor=None, actor_name: str = "") -> bool:
-    """When no ticket of the run's current state is pending, queue the run and its resume.
+    """When no ticket of the run's current state is pending, queue the run and its resume; a
+    caller's run (executor caller) instead waits for its caller, with no task: its caller
+    fetches the signed decisions and resumes the agent in its own process (runs.remote).
 
-    Runs inside the caller's transaction, which holds the run's lock.
+    Runs inside the caller's transaction, which holds the run's lock. Side effects: the run's
+    status; audit event run.queued (with a resume task) or run.awaiting_caller (a webhook
+    run.decided); a live hint after commit. Returns whether the run moved.
     """
     still_pending = Ticket.objects.filter(
         run=run, generation=run.state_generation, status=TicketStatus.PENDING
     ).exists()
     if still_pending or run.status != RunStatus.PAUSED:
         return False
+    if run.executor == RunExecutor.CALLER:
+        transitions.move_runs(
+            Run.objects.filter(pk=run.pk, status=RunStatus.PAUSED),
+            to=RunStatus.AWAITING_CALLER,
+            updated_at=now,
+        )
+        run.status = RunStatus.AWAITING_CALLER
+        chain.append(
+            tenant_id=run.tenant_id,
+            action="run.awaiting_caller",
+            actor=actor,
+            actor_name=actor_name,
+            run_id=run.pk,
+            outcome=RunStatus.AWAITING_CALLER,
+            detail={"generation": run.state_generation},
+        )
+        hints.notify_on_commit(
+            run.tenant_id, "run.changed", run=run.pk, status=RunStatus.AWAITING_CALLER
+        )
+        return True
     transitions.move_runs(Run.objects.filter(pk=run.pk), to=RunStatus.QUEUED, updated_at=now)
     run.status = RunStatus.QUEUED
     enqueue_resume(run.pk)

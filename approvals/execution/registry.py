@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from agents.run_state import CURRENT_SCHEMA_VERSION, SUPPORTED_SCHEMA_VERSIONS
 from django.conf import settings
 from django.core.signals import setting_changed
 from django.dispatch import receiver
@@ -66,6 +67,34 @@ def get_spec(agent_key: str, agent_version: str) -> AgentSpec:
         context_serializer=_load(entry.get("context_serializer"), "context serializer"),
         context_deserializer=_load(entry.get("context_deserializer"), "context deserializer"),
     )
+
+
+def unsupported_schema(version: str) -> str:
+    """Why this SDK cannot load a state of this $schemaVersion; "" when it can."""
+    if version in SUPPORTED_SCHEMA_VERSIONS:
+        return ""
+    return (
+        f"the state was written in SDK schema {version!r}, which this "
+        f"SDK (schema {CURRENT_SCHEMA_VERSION}) cannot load"
+    )
+
+
+def resume_blocker(run: Any) -> str:
+    """Why this console cannot resume the run, whatever is decided: its state's SDK schema
+    cannot be loaded, or its agent version is not deployed here; "" when it can.
+
+    The worker refuses such a run (runs.checks.check_before_resume); the queue, the ticket and
+    the edit page warn before anyone approves. No database query: the run's own fields and
+    the settings.
+    """
+    unsupported = unsupported_schema(run.schema_version)
+    if unsupported:
+        return unsupported
+    try:
+        get_spec(run.agent_key, run.agent_version)
+    except UnknownAgentError as error:
+        return str(error)
+    return ""
 
 
 @functools.cache

@@ -68,7 +68,15 @@ def serialize_state(
             f"the run's context cannot be stored: {error}. Keep connections, locks and clients "
             "out of the context, or give the agent a context_serializer that leaves them out."
         ) from None
-    context_entry = state_json.get("context", {})
+    refuse_secrets(state_json)
+    return state_json, payload
+
+
+def refuse_secrets(state_json: dict) -> None:
+    """Raise SecretInContextError when the state's context (or tool input) holds what looks
+    like a secret; the paths found, never the values, are in the sentence."""
+    context_entry = state_json.get("context")
+    context_entry = context_entry if isinstance(context_entry, Mapping) else {}
     found = list(find_secrets(context_entry.get("context"), "context"))
     found += list(find_secrets(context_entry.get("tool_input"), "tool_input"))
     if found:
@@ -78,7 +86,6 @@ def serialize_state(
             + ". Leave it out with a context_serializer and re-inject it in the "
             "context_deserializer from the environment."
         )
-    return state_json, payload
 
 
 def seal_state(run: Run, payload: bytes, generation: int) -> None:

@@ -97,9 +97,13 @@ class Progress:
     def met(self) -> bool:
         return self.count >= self.required and not self.missing_groups
 
-    def describe(self) -> str:
+    def tally(self) -> str:
+        """ "1 of 2 approvals": where the count stands, without names (the queue's column)."""
         noun = "approval" if self.required == 1 else "approvals"
-        text = f"{self.count} of {self.required} {noun}"
+        return f"{self.count} of {self.required} {noun}"
+
+    def describe(self) -> str:
+        text = self.tally()
         if self.voters:
             text += ": " + ", ".join(self.voters)
         if self.missing_groups:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from agents.run_state import CURRENT_SCHEMA_VERSION, SUPPORTED_SCHEMA_VERSIONS
 from django.conf import settings
 from django.utils import timezone
 
@@ -108,12 +107,6 @@ def check_before_resume(run: Run, tickets: list[Ticket]) -> None:
                         f"{REGENERATE}: ticket {ticket.pk} no longer has the approvals its "
                         f"policy needs ({progress.describe()})"
                     )
-    if run.schema_version not in SUPPORTED_SCHEMA_VERSIONS:
-        raise Refusal(
-            f"{REGENERATE}: the state was written in SDK schema {run.schema_version!r}, which this "
-            f"SDK (schema {CURRENT_SCHEMA_VERSION}) cannot load"
-        )
-    try:
-        registry.get_spec(run.agent_key, run.agent_version)
-    except registry.UnknownAgentError as error:
-        raise Refusal(f"{REGENERATE}: {error}") from None
+    blocker = registry.resume_blocker(run)
+    if blocker:
+        raise Refusal(f"{REGENERATE}: {blocker}")

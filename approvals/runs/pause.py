@@ -1,4 +1,8 @@
-"""Pausing: the agent's code hands over a paused run; the console stores it and opens its tickets."""
+"""Pausing: the agent's code hands over a paused run; the console stores it and opens its tickets.
+
+store_pause and store_next_pause are the one way a pause is stored, whoever holds the agent:
+pause_run and the worker's resume for the console's runs, runs.remote for a caller's.
+"""
 
 from __future__ import annotations
 
@@ -7,21 +11,27 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from approvals import signals
+from approvals import signals, transitions
 from approvals.audit import chain
+from approvals.core import faults
 from approvals.core.redaction import secret_shape
 from approvals.decisions import tickets
+from approvals.decisions.tickets import PendingCall
 from approvals.execution import registry, state
-from approvals.execution.sessions import describe
+from approvals.execution.sessions import SessionRef, describe
 from approvals.execution.state import NoInterruptionsError
+from approvals.live import hints
 from approvals.models import (
     Run,
+    RunExecutor,
     RunStatus,
     Tenant,
 )
 
 
-def _title_from(original_input: Any) -> str:
+def title_from(original_input: Any) -> str:
+    """A run's title: the text of its input (or of the first user message), on one line, at
+    most 200 characters, and "[redacted]" when it looks like a secret."""
     text = original_input if isinstance(original_input, str) else ""
     if not text and isinstance(original_input, list):
         for item in original_input:
@@ -60,22 +70,54 @@ def pause_run(
         context=result.context_wrapper.context,
         context_serializer=context_serializer or spec.context_serializer,
     )
-    ref = describe(session)
+    return store_pause(
+        tenant=tenant,
+        agent_key=agent_key,
+        agent_version=str(agent_version),
+        state_json=state_json,
+        payload=payload,
+        calls=[PendingCall.of(item) for item in interruptions],
+        requested_by=requested_by,
+        session=describe(session),
+        title=title_from(state_json.get("original_input")),
+    )
+
+
+def store_pause(
+    *,
+    tenant: Tenant,
+    agent_key: str,
+    agent_version: str,
+    state_json: dict,
+    payload: bytes,
+    calls: list[PendingCall],
+    requested_by,
+    session: SessionRef,
+    title: str,
+    executor: str = RunExecutor.CONSOLE,
+    detail: dict | None = None,
+) -> Run:
+    """The one way a paused run is first stored, whoever holds the agent (pause_run, and
+    runs.remote for a caller's run): the Run row, its state sealed as generation 1, audit event
+    run.paused (detail merged in), one ticket per call (decisions.tickets), and after commit
+    signals.run_paused. One transaction; the state must already be checked.
+    """
     now = timezone.now()
     with transaction.atomic():
         run = Run.objects.create(
             tenant=tenant,
             agent_key=agent_key,
-            agent_version=str(agent_version),
+            agent_version=agent_version,
             schema_version=str(state_json.get("$schemaVersion", "")),
-            title=_title_from(state_json.get("original_input")),
+            title=title,
             requested_by=requested_by,
             state_key_id="",
             state_nonce=b"",
             state_ciphertext=b"",
-            session_backend=ref.backend,
-            session_id=ref.session_id,
-            session_location=ref.location,
+            session_backend=session.backend,
+            session_id=session.session_id,
+            session_location=session.location,
+            executor=executor,
             created_at=now,
             updated_at=now,
         )
@@ -90,12 +132,62 @@ def pause_run(
             outcome=RunStatus.PAUSED,
             detail={
                 "agent": agent_key,
-                "version": str(agent_version),
+                "version": agent_version,
                 "schema": run.schema_version,
-                "tickets": len(interruptions),
-                "session": ref.backend or "none",
+                "tickets": len(calls),
+                "session": session.backend or "none",
+                **(detail or {}),
             },
         )
-        tickets.open_tickets(run, interruptions, requested_by=requested_by, now=now, resumed=False)
+        tickets.open_tickets(run, calls, requested_by=requested_by, now=now, resumed=False)
         signals.send_on_commit(signals.run_paused, run=run)
     return run
+
+
+def store_next_pause(
+    run: Run,
+    *,
+    payload: bytes,
+    calls: list[PendingCall],
+    actor=None,
+    actor_name: str = "",
+    schema_version: str | None = None,
+    detail: dict | None = None,
+) -> None:
+    """The one way a run that went on pauses again, whoever ran it (the worker's resume, or
+    its caller's report): the new state sealed as the next generation, the run moved back to
+    paused, audit event run.paused, one ticket per new call (earlier generations' tickets stay
+    as they were decided), a live hint after commit.
+
+    Runs in the caller's transaction, which holds the run's row locked and has checked that
+    the run may pause again from where it is.
+    """
+    now = timezone.now()
+    generation = run.state_generation + 1
+    state.seal_state(run, payload, generation)
+    transitions.move_runs(
+        Run.objects.filter(pk=run.pk),
+        to=RunStatus.PAUSED,
+        **state.sealed_fields(run),
+        **({"schema_version": schema_version} if schema_version is not None else {}),
+        status_reason="",
+        lease_owner="",
+        lease_expires_at=None,
+        updated_at=now,
+    )
+    # The tickets opened below read the run as it is now.
+    run.refresh_from_db(
+        fields=["status", "status_reason", "lease_owner", "updated_at", "schema_version"]
+    )
+    faults.point("while_storing_pause")
+    chain.append(
+        tenant_id=run.tenant_id,
+        action="run.paused",
+        actor=actor,
+        actor_name=actor_name,
+        run_id=run.pk,
+        outcome=RunStatus.PAUSED,
+        detail={"tickets": len(calls), "generation": generation, **(detail or {})},
+    )
+    tickets.open_tickets(run, calls, requested_by=run.requested_by, now=now, resumed=True)
+    hints.notify_on_commit(run.tenant_id, "run.changed", run=run.pk, status=RunStatus.PAUSED)

@@ -18,6 +18,7 @@ from approvals.execution import queue
 from approvals.live import hints
 from approvals.models import (
     Run,
+    RunExecutor,
     RunStatus,
     Ticket,
     TicketStatus,
@@ -32,6 +33,7 @@ class ReapReport:
     rejected: list[int] = field(default_factory=list)
     escalated: list[int] = field(default_factory=list)
     queued: list[int] = field(default_factory=list)
+    awaiting_caller: list[int] = field(default_factory=list)
 
 
 def reap(*, now=None) -> ReapReport:
@@ -42,20 +44,23 @@ def reap(*, now=None) -> ReapReport:
     is harmless: the claim lets one through); a pending ticket past its expiry gets its
     policy's expiry action: "expire" (the ticket and its paused run expire), "reject" (the
     ticket is rejected with a message for the model, ticket.rejected with detail by=expiry, and
-    the run is queued when nothing else of it is pending) or "escalate" (ticket.escalated: the
+    the run is queued when nothing else of it is pending, or for a caller's run waits for its
+    caller) or "escalate" (ticket.escalated: the
     escalation group decides, with a new expiry; a second lapse rejects). Audit events and live
     hints for each.
     """
     now = now or timezone.now()
     report = ReapReport()
     stale = now - timedelta(seconds=settings.APPROVALS_LEASE_SECONDS)
-    for run_id in Run.objects.filter(
-        status=RunStatus.RESUMING, lease_expires_at__lt=now
-    ).values_list("pk", flat=True):
+    # Only the console's runs have a worker to recover: a caller's run is never resumed here.
+    console = Run.objects.filter(executor=RunExecutor.CONSOLE)
+    for run_id in console.filter(status=RunStatus.RESUMING, lease_expires_at__lt=now).values_list(
+        "pk", flat=True
+    ):
         with transaction.atomic():
             run = Run.objects.filter(pk=run_id).first()
             moved = transitions.move_runs(
-                Run.objects.filter(pk=run_id, status=RunStatus.RESUMING, lease_expires_at__lt=now),
+                console.filter(pk=run_id, status=RunStatus.RESUMING, lease_expires_at__lt=now),
                 to=RunStatus.QUEUED,
                 lease_owner="",
                 lease_expires_at=None,
@@ -76,11 +81,11 @@ def reap(*, now=None) -> ReapReport:
                 run.tenant_id, "run.changed", run=run_id, status=RunStatus.QUEUED
             )
         report.requeued.append(run_id)
-    for run_id in Run.objects.filter(status=RunStatus.QUEUED, updated_at__lt=stale).values_list(
+    for run_id in console.filter(status=RunStatus.QUEUED, updated_at__lt=stale).values_list(
         "pk", flat=True
     ):
         with transaction.atomic():
-            if Run.objects.filter(pk=run_id, status=RunStatus.QUEUED, updated_at__lt=stale).update(
+            if console.filter(pk=run_id, status=RunStatus.QUEUED, updated_at__lt=stale).update(
                 updated_at=now
             ):
                 queue.enqueue_resume(run_id)
@@ -98,4 +103,6 @@ def reap(*, now=None) -> ReapReport:
             report.expired_runs.append(run_id)
         if done.run_queued:
             report.queued.append(run_id)
+        if done.run_awaiting_caller:
+            report.awaiting_caller.append(run_id)
     return report

@@ -14,6 +14,7 @@ from approvals.models import (
     IdempotencyRecord,
     LedgerStatus,
     Run,
+    RunExecutor,
     RunStatus,
 )
 
@@ -44,6 +45,8 @@ def resolve(run: Run, *, user, resolution: str, note: str = "") -> Run:
     note = (note or "").strip()[:1000]
     with transaction.atomic():
         locked = Run.objects.select_for_update().get(pk=run.pk)
+        if locked.executor == RunExecutor.CALLER:
+            raise ResolutionError("its caller runs this agent, so only its caller can settle it")
         if locked.status != RunStatus.NEEDS_ATTENTION:
             raise ResolutionError(
                 f"the run is {locked.get_status_display().lower()}, not waiting for a person"

@@ -22,21 +22,23 @@ from django.utils import timezone
 
 from approvals import transitions
 from approvals.audit import chain
-from approvals.core import crypto, faults
+from approvals.core import crypto
 from approvals.core.canonical import arguments_digest
 from approvals.core.redaction import redact
-from approvals.decisions.tickets import open_tickets
+from approvals.decisions.tickets import PendingCall
 from approvals.execution import ledger, registry, state
 from approvals.execution.sessions import SessionRef, reopen
 from approvals.execution.state import PauseError
 from approvals.live import hints
 from approvals.models import (
     Run,
+    RunExecutor,
     RunStatus,
     Ticket,
     TicketStatus,
 )
 from approvals.runs import checks
+from approvals.runs.pause import store_next_pause
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +60,8 @@ def _claim(run_id: int, worker_id: str) -> Run | None:
     lease = timedelta(seconds=settings.APPROVALS_LEASE_SECONDS)
     with transaction.atomic():
         claimed = transitions.move_runs(
-            Run.objects.filter(pk=run_id).filter(
+            # A caller's run is resumed by its caller, never by a worker.
+            Run.objects.filter(pk=run_id, executor=RunExecutor.CONSOLE).filter(
                 Q(status=RunStatus.QUEUED) | Q(status=RunStatus.RESUMING, lease_expires_at__lt=now)
             ),
             to=RunStatus.RESUMING,
@@ -239,37 +242,16 @@ def _store_new_pause(run: Run, result, spec: registry.AgentSpec) -> bool:
         context=result.context_wrapper.context,
         context_serializer=spec.context_serializer,
     )
-    now = timezone.now()
     with transaction.atomic():
         locked = _owned(run).select_for_update().first()
         if locked is None:
             return False
-        generation = locked.state_generation + 1
-        state.seal_state(locked, payload, generation)
-        transitions.move_runs(
-            Run.objects.filter(pk=locked.pk),
-            to=RunStatus.PAUSED,
-            **state.sealed_fields(locked),
-            status_reason="",
-            lease_owner="",
-            lease_expires_at=None,
-            updated_at=now,
-        )
-        # The tickets opened below read the run as it is now.
-        locked.refresh_from_db(fields=["status", "status_reason", "lease_owner", "updated_at"])
-        faults.point("while_storing_pause")
-        chain.append(
-            tenant_id=run.tenant_id,
-            action="run.paused",
+        store_next_pause(
+            locked,
+            payload=payload,
+            calls=[PendingCall.of(item) for item in result.interruptions],
             actor_name=f"worker {run.lease_owner}",
-            run_id=run.pk,
-            outcome=RunStatus.PAUSED,
-            detail={"tickets": len(result.interruptions), "generation": generation},
         )
-        open_tickets(
-            locked, result.interruptions, requested_by=run.requested_by, now=now, resumed=True
-        )
-        hints.notify_on_commit(run.tenant_id, "run.changed", run=run.pk, status=RunStatus.PAUSED)
     return True
 
 

@@ -6,6 +6,7 @@ from datetime import datetime
 
 from django.conf import settings
 from django.contrib.auth.decorators import login_required
+from django.db.models import Prefetch
 from django.http import (
     HttpResponse,
 )
@@ -22,8 +23,10 @@ from approvals.models import (
     Membership,
     Ticket,
     TicketStatus,
+    TicketVote,
 )
-from approvals.views import access
+from approvals.policies import quorum, scopes
+from approvals.views import access, keys
 from approvals.views.access import HtmxHttpRequest
 
 QUEUE_PAGE = 25
@@ -44,7 +47,11 @@ def queue(request: HtmxHttpRequest) -> HttpResponse:
         filters = form.cleaned_data
         tickets = Ticket.objects.filter(
             tenant_id__in=memberships.keys(), status=TicketStatus.PENDING
-        ).select_related("run", "tenant", "requested_by", "claimed_by")
+        ).select_related("run", "tenant", "requested_by", "claimed_by", "policy")
+        # Quorum progress per row: one query for every row's votes, whatever the page holds.
+        tickets = tickets.prefetch_related(
+            Prefetch("votes", queryset=TicketVote.objects.select_related("user"))
+        )
         if filters["tenant"]:
             tickets = tickets.filter(tenant__slug=filters["tenant"])
         if filters["agent"]:
@@ -62,11 +69,14 @@ def queue(request: HtmxHttpRequest) -> HttpResponse:
     if page is None:
         status = 400
     # Filter choices come from configuration and memberships, never from scanning tickets.
+    rows = [_queue_row(t, memberships) for t in page.rows] if page else []
+    may_batch = any(m.can_decide for m in memberships.values())
     context = {
         "form": form,
         "page": page,
-        "rows": [_queue_row(t, memberships) for t in page.rows] if page else [],
-        "may_batch": any(m.can_decide for m in memberships.values()),
+        "rows": rows,
+        "may_batch": may_batch,
+        "keys": keys.queue_keys(has_rows=bool(rows), may_batch=may_batch),
         "tenants": slugs,
         "tools": registry.tool_names(),
         "agents": sorted(settings.APPROVALS_AGENTS),
@@ -93,11 +103,19 @@ def _queue_row(ticket: Ticket, memberships: dict[int, Membership]) -> dict:
     # is approved only on its own page, where its flags are shown: neither goes in a batch.
     intact = digest.copy_is_intact(ticket)
     flags = calls.read(ticket.arguments_json).flags
+    # Nothing approved on a run this console cannot resume would run: it is flagged, and
+    # decided on its own page, where the reason is shown.
+    blocker = registry.resume_blocker(ticket.run)
     return {
         "ticket": ticket,
         "summary": presenters.summary(ticket.arguments_json),
         "claimant": ticket.active_claimant,
         "intact": intact,
         "flags": flags,
-        "may_select": memberships[ticket.tenant_id].can_decide and intact and not flags,
+        "resume_blocker": blocker,
+        "progress": quorum.progress(ticket, scopes.policy_of(ticket), list(ticket.votes.all())),
+        "may_select": memberships[ticket.tenant_id].can_decide
+        and intact
+        and not flags
+        and not blocker,
     }

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import (
@@ -13,11 +15,13 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
 from approvals.audit import actions
+from approvals.decisions import preauth
 from approvals.forms.decisions import ResolveForm
 from approvals.models import (
     AuditEvent,
     PreAuthorization,
     Run,
+    RunExecutor,
     RunStatus,
     TicketStatus,
 )
@@ -43,9 +47,12 @@ def _timeline(run: Run) -> list[dict]:
 def run_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     run, membership = access.get_run_for_user(request, pk)
     tickets = list(run.tickets.select_related("decided_by").order_by("pk"))
-    edited = set(
-        PreAuthorization.objects.filter(run=run).values_list("original_ticket_id", flat=True)
+    pres = list(
+        PreAuthorization.objects.filter(run=run)
+        .select_related("created_by", "original_ticket")
+        .order_by("pk")
     )
+    edited = {pre.original_ticket_id for pre in pres}
     context = {
         "run": run,
         "membership": membership,
@@ -56,11 +63,31 @@ def run_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
             t for t in tickets if t.status == TicketStatus.REJECTED and t.pk not in edited
         ],
         "edited": [t for t in tickets if t.pk in edited],
+        # What the caller of a decided run acts on: the current generation's decisions.
+        "decided_now": [
+            t
+            for t in tickets
+            if t.generation == run.state_generation
+            and t.status in (TicketStatus.APPROVED, TicketStatus.REJECTED)
+        ],
+        # The title is the prompt as requested; what was approved instead is said beside it.
+        "edits": [
+            {
+                "pre": pre,
+                "changes": preauth.changes(
+                    json.loads(pre.original_ticket.arguments_json), json.loads(pre.arguments_json)
+                ),
+            }
+            for pre in pres
+        ],
         "doubtful": resolution.in_doubt_effects(run)
         if run.status == RunStatus.NEEDS_ATTENTION
         else [],
         "resolve_form": ResolveForm(),
-        "live": run.status in {RunStatus.QUEUED, RunStatus.RESUMING, RunStatus.PAUSED},
+        # A caller's run is resumed by its caller's process, never by the console's worker.
+        "caller": run.executor == RunExecutor.CALLER,
+        "live": run.status
+        in {RunStatus.QUEUED, RunStatus.RESUMING, RunStatus.PAUSED, RunStatus.AWAITING_CALLER},
     }
     template = "approvals/run.html"
     if request.htmx and request.htmx.target == "run-live":

@@ -20,6 +20,7 @@ from django_htmx.http import HttpResponseClientRedirect
 from approvals.core import presenters
 from approvals.core.errors import DomainError
 from approvals.decisions import calls, comments, decide, digest
+from approvals.execution import registry
 from approvals.forms.decisions import CommentForm, DecisionForm
 from approvals.models import (
     Membership,
@@ -28,7 +29,7 @@ from approvals.models import (
     TicketStatus,
 )
 from approvals.policies import quorum, scopes
-from approvals.views import access, errors
+from approvals.views import access, errors, keys
 from approvals.views.access import HtmxHttpRequest
 
 
@@ -73,9 +74,23 @@ def ticket_context(request: HttpRequest, ticket: Ticket, membership: Membership)
         ).select_related("created_by", "original_ticket")
     }
     edit = edits.get("into") or edits.get("from")
+    # A run this console cannot resume runs nothing whatever is approved: say so, offer reject.
+    blocker = registry.resume_blocker(run) if ticket.is_pending else ""
+    may_approve = (
+        may_decide
+        and (check is not None and check.ok)
+        and copy_intact
+        and not ticket.is_requested_by(request.user)
+        and my_vote is None
+        and not blocker
+    )
+    team = team_context(ticket, membership)
+    progress = quorum.progress(ticket, policy, votes)
     return {
         "policy": policy,
-        "progress": quorum.progress(ticket, policy, votes),
+        "progress": progress,
+        "head_progress": progress if ticket.is_pending else None,
+        "resume_blocker": blocker,
         "my_vote": my_vote,
         "policy_refusal": policy_refusal,
         "invalidations": _invalidations(votes),
@@ -93,20 +108,17 @@ def ticket_context(request: HttpRequest, ticket: Ticket, membership: Membership)
         "expired": expired,
         # Rejecting stays possible when the digest fails; only approving needs a verified call.
         "may_decide": may_decide,
-        "may_approve": may_decide
-        and (check is not None and check.ok)
-        and copy_intact
-        and not ticket.is_requested_by(request.user)
-        and my_vote is None,
+        "may_approve": may_approve,
         "is_requester": ticket.is_requested_by(request.user),
-        "may_edit": may_decide and not ticket.is_requested_by(request.user),
+        "may_edit": may_decide and not ticket.is_requested_by(request.user) and not blocker,
         "edited_into": edits.get("into"),
         "edited_from": edits.get("from"),
         "edit_changes": _edit_changes(edit) if edit else None,
         "edit_expired": edit is not None and edit.expires_at <= timezone.now(),
         "may_always": quorum.allows_always(policy),
         "form": DecisionForm(),
-        **team_context(ticket, membership),
+        "decision_keys": keys.decision_keys(may_approve=may_approve, may_reject=may_decide),
+        **team,
     }
 
 
@@ -128,14 +140,37 @@ def _invalidations(votes: list) -> list[str]:
 
 def team_context(ticket: Ticket, membership: Membership) -> dict:
     """What the claim and discussion panels need; they re-read it alone on a live hint."""
+    claimant = ticket.active_claimant
+    may_claim = membership.can_decide and ticket.is_pending and not ticket.is_expired
     return {
         "ticket": ticket,
         "membership": membership,
-        "claimant": ticket.active_claimant,
-        "may_claim": membership.can_decide and ticket.is_pending and not ticket.is_expired,
+        "claimant": claimant,
+        "may_claim": may_claim,
+        # `c` works when the button is "I'm on it" or "Release"; taking over asks by click.
+        "claim_keys": keys.claim_keys(
+            may_claim=may_claim,
+            mine=claimant is not None and claimant.pk == membership.user_id,
+            free=claimant is None,
+        ),
         "comments": comments.comments(ticket),
         "may_comment": comments.may_comment(membership),
         "comment_form": CommentForm(),
+    }
+
+
+def head_context(ticket: Ticket, membership: Membership) -> dict:
+    """What the page head needs (status, quorum, whether the run can resume); it re-reads
+    alone on a live hint, even while someone writes a decision below it."""
+    policy = scopes.policy_of(ticket)
+    return {
+        "ticket": ticket,
+        "run": ticket.run,
+        "membership": membership,
+        "head_progress": quorum.progress(ticket, policy, list(ticket.votes.select_related("user")))
+        if ticket.is_pending
+        else None,
+        "resume_blocker": registry.resume_blocker(ticket.run) if ticket.is_pending else "",
     }
 
 
@@ -158,6 +193,8 @@ def ticket_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
         # Cheap re-reads: no state to decrypt for who is on it or what was said.
         context = team_context(ticket, membership)
         return render(request, f"{template}#{request.htmx.target}", context)
+    if request.htmx and request.htmx.target == "ticket-head":
+        return render(request, f"{template}#head", head_context(ticket, membership))
     if request.htmx and request.htmx.target == "decision":
         template += "#decision"
     return render(request, template, ticket_context(request, ticket, membership))

@@ -50,6 +50,7 @@ def _seen_by_django(**overrides: str) -> dict:
         APPROVALS_ENCRYPTION_KEYS=f"k1:{KEY}",
         APPROVALS_AUDIT_KEYS=f"a1:{KEY}",
         APPROVALS_AUDIT_SIGNING_KEY=KEY,
+        APPROVALS_DECISION_SIGNING_KEYS=f"d1:{KEY}",
         DJANGO_ALLOWED_HOSTS="console.example.com",
         **overrides,
     )

@@ -37,6 +37,7 @@ def _manage_check(**overrides: str | None) -> subprocess.CompletedProcess:
         APPROVALS_ENCRYPTION_KEYS=f"k1:{KEY_A}",
         APPROVALS_AUDIT_KEYS=f"a1:{KEY_B}",
         APPROVALS_AUDIT_SIGNING_KEY=KEY_C,
+        APPROVALS_DECISION_SIGNING_KEYS=f"d1:{KEY_A}",
     )
     for name, value in overrides.items():
         if value is None:
@@ -114,6 +115,14 @@ def test_manage_check_good_environment_passes():
             "(base64 of the raw key)",
         ),
         (
+            {"APPROVALS_ENV": "production", "APPROVALS_DECISION_SIGNING_KEYS": None},
+            "APPROVALS_DECISION_SIGNING_KEYS must be set when APPROVALS_ENV=production",
+        ),
+        (
+            {"APPROVALS_DECISION_SIGNING_KEYS": "d1:" + base64.urlsafe_b64encode(b"x").decode()},
+            "APPROVALS_DECISION_SIGNING_KEYS: key 'd1' is 1 bytes, Ed25519 needs 32",
+        ),
+        (
             {"APPROVALS_ENV": "staging"},
             "APPROVALS_ENV='staging' must be 'development' or 'production'",
         ),
@@ -130,6 +139,8 @@ def test_manage_check_good_environment_passes():
         "production-without-audit-signing-key",
         "audit-key-too-short",
         "signing-key-wrong-length",
+        "production-without-decision-keys",
+        "decision-key-wrong-length",
         "unknown-env",
     ],
 )
@@ -151,6 +162,7 @@ def _setting(name: str, **overrides: str) -> str:
         APPROVALS_ENCRYPTION_KEYS=f"k1:{KEY_A}",
         APPROVALS_AUDIT_KEYS=f"a1:{KEY_B}",
         APPROVALS_AUDIT_SIGNING_KEY=KEY_C,
+        APPROVALS_DECISION_SIGNING_KEYS=f"d1:{KEY_A}",
         DJANGO_ALLOWED_HOSTS="console.example.com",
         **overrides,
     )
@@ -343,9 +355,13 @@ def test_load_dev_secrets_creates_every_secret_once(tmp_path, capsys):
         "APPROVALS_ENCRYPTION_KEYS",
         "APPROVALS_AUDIT_KEYS",
         "APPROVALS_AUDIT_SIGNING_KEY",
+        "APPROVALS_DECISION_SIGNING_KEYS",
     )
     assert again == first
     assert parse_signing_key(first["APPROVALS_AUDIT_SIGNING_KEY"])
+    assert [k for k, _ in parse_encryption_keys(first["APPROVALS_DECISION_SIGNING_KEYS"])] == [
+        "dev1"
+    ]
     assert [k for k, _ in parse_encryption_keys(first["APPROVALS_AUDIT_KEYS"])] == ["dev1"]
     assert first["APPROVALS_AUDIT_KEYS"] != first["APPROVALS_ENCRYPTION_KEYS"]
     assert path.stat().st_mode & 0o777 == 0o600
@@ -365,7 +381,7 @@ def test_load_dev_secrets_adds_the_audit_keys_to_an_older_file(tmp_path, capsys)
     assert load_dev_secrets(path) == values
     assert capsys.readouterr().err.splitlines() == [
         "WARNING: generated development secrets in .dev-keys.env (git-ignored): "
-        "APPROVALS_AUDIT_KEYS, APPROVALS_AUDIT_SIGNING_KEY. Set DJANGO_SECRET_KEY, "
-        "APPROVALS_ENCRYPTION_KEYS, APPROVALS_AUDIT_KEYS, APPROVALS_AUDIT_SIGNING_KEY "
-        "for any real deployment."
+        "APPROVALS_AUDIT_KEYS, APPROVALS_AUDIT_SIGNING_KEY, APPROVALS_DECISION_SIGNING_KEYS. "
+        "Set DJANGO_SECRET_KEY, APPROVALS_ENCRYPTION_KEYS, APPROVALS_AUDIT_KEYS, "
+        "APPROVALS_AUDIT_SIGNING_KEY, APPROVALS_DECISION_SIGNING_KEYS for any real deployment."
     ]

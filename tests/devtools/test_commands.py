@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import http.client
 import json
 import socket
 import time
 from io import StringIO
+from pathlib import Path
 
 import pytest
+from agents.memory import SQLiteSession
 from django.contrib.auth import get_user_model
-from django.core.management import call_command
+from django.contrib.auth.models import User
+from django.core.management import CommandError, call_command
 
+from approvals.decisions.decide import decide
 from approvals.models import (
     ApproverGroup,
     AuditEvent,
@@ -23,10 +28,11 @@ from approvals.models import (
     Ticket,
     TicketStatus,
 )
+from approvals.runs.resume import resume
 from devtools.processes import free_port
 from notifications import signing
 from sessions_admin.models import StoredSession
-from tests.support import TenantFactory, member
+from tests.support import TenantFactory, audit_guard_lifted, member
 
 pytestmark = pytest.mark.django_db
 
@@ -61,11 +67,10 @@ def _counts() -> dict[str, int]:
 
 
 def test_seed_demo_webhook_is_left_out_where_private_targets_are_refused(settings, monkeypatch):
-    from devtools.management.commands import seed_demo
     from devtools.management.commands.seed_demo import _seed_webhook
     from notifications.models import WebhookEndpoint
 
-    monkeypatch.setattr(seed_demo, "DEMO_WEBHOOK_URL", "http://127.0.0.1:8025/")
+    monkeypatch.delenv("WEBHOOK_PORT", raising=False)
     settings.NOTIFICATIONS_ALLOW_PRIVATE_WEBHOOKS = False
     tenant = TenantFactory(slug="acme")
 
@@ -125,6 +130,55 @@ def test_seed_demo_requester_is_the_run_requester(session_dir):
     assert requesters == {("acme", "acme-requester"), ("globex", "globex-requester")}
 
 
+# A resume and the ORM sessions run in other threads, so the data must be committed.
+@pytest.mark.django_db(transaction=True)
+def test_seed_demo_on_a_fresh_database_after_a_demo_run_finished_in_another(session_dir):
+    """var/sessions outlives the database (rm db.sqlite3, another DATABASE_URL): the finished
+    conversation of an approved demo run must not be resumed by the next database's seed."""
+    call_command("seed_demo", stdout=StringIO())
+    run = Run.objects.get(title="Deploy release 2026.07.24 to production")
+    decide(
+        Ticket.objects.get(run=run), user=User.objects.get(username="acme-approver"), approve=True
+    )
+    assert resume(run_id=run.pk, worker_id="test").status == RunStatus.COMPLETED
+    finished = SQLiteSession(run.session_id, Path(run.session_location))
+    before = asyncio.run(finished.get_items())
+    with audit_guard_lifted():
+        call_command("flush", interactive=False)  # a fresh database; var/ as it was
+    assert not Run.objects.exists()
+    out = StringIO()
+
+    call_command("seed_demo", stdout=out)
+
+    # The ORM sessions are new; the SQLite ones are still in var/.
+    assert out.getvalue().splitlines()[0] == "demo data ready (4 new paused runs, 8 new sessions)"
+    again = Run.objects.get(title="Deploy release 2026.07.24 to production")
+    assert (again.status, again.tickets.get().status) == (RunStatus.PAUSED, TicketStatus.PENDING)
+    assert again.session_id != run.session_id
+    # The other database's session is left exactly as it was.
+    assert asyncio.run(finished.get_items()) == before
+    finished.close()
+
+
+def test_seed_demo_webhook_follows_webhook_port(session_dir, monkeypatch):
+    from devtools.management.commands.seed_demo import _seed_webhook
+    from notifications.models import WebhookEndpoint
+
+    tenant = TenantFactory(slug="acme")
+    admin = member(tenant, "admin", username="acme-admin")
+    monkeypatch.setenv("WEBHOOK_PORT", "8175")
+    first = _seed_webhook(tenant, admin)
+    monkeypatch.setenv("WEBHOOK_PORT", "8176")
+
+    moved = _seed_webhook(tenant, admin)
+
+    assert first.url == "http://127.0.0.1:8175/"
+    assert (moved.pk, moved.url) == (first.pk, "http://127.0.0.1:8176/")
+    assert list(WebhookEndpoint.objects.values_list("url", flat=True)) == [moved.url]
+    assert AuditEvent.objects.filter(action="webhook.changed").count() == 1
+    assert _seed_webhook(tenant, admin).pk == first.pk
+
+
 # --- webhook_receiver -------------------------------------------------------------------------
 
 
@@ -152,18 +206,31 @@ def test_webhook_receiver_command_answers_204_to_a_signed_delivery_and_401_other
 ):
     """What bin/run-dev starts: the command exists and checks signatures with --secret."""
     port = free_port()
-    secret = "whsec_devtools-test"
+    secret = signing.new_secret()
     process = manage_process("webhook_receiver", "--port", str(port), "--secret", secret)
     _wait_listening(port, process)
-    body = json.dumps({"id": 1, "event": "ticket.created"}).encode()
+    body = json.dumps({"id": "acme:1", "event": "ticket.created"}).encode()
 
-    signed = _post(port, body, signing.headers(secret, body))
-    forged = _post(port, body, signing.headers("whsec_someone-else", body))
+    signed = _post(port, body, signing.headers(secret, body, message_id="acme:1"))
+    tampered = _post(
+        port, body.replace(b"created", b"decided"), signing.headers(secret, body, message_id="a:1")
+    )
+    forged = _post(port, body, signing.headers(signing.new_secret(), body, message_id="acme:1"))
     process.terminate()
     out, _ = process.communicate(timeout=30)
 
-    assert (signed, forged) == (204, 401)
+    assert (signed, tampered, forged) == (204, 401, 401)
     lines = [line for line in out.splitlines() if line.startswith("[webhook ")]
-    assert len(lines) == 2
-    assert "verified ?" in lines[0]
-    assert "REFUSED /: signature does not match" in lines[1]
+    assert len(lines) == 3
+    assert "verified ticket.created" in lines[0]
+    assert "REFUSED /: No matching signature found" in lines[1]
+    assert "REFUSED /: No matching signature found" in lines[2]
+
+
+def test_webhook_receiver_command_refuses_a_secret_that_is_not_base64_with_one_line():
+    out, err = StringIO(), StringIO()
+
+    with pytest.raises(CommandError, match=r"^--secret: the webhook secret is not base64"):
+        call_command(
+            "webhook_receiver", "--port", "9", "--secret", "whsec_x", stdout=out, stderr=err
+        )

@@ -5,6 +5,11 @@ The audit chain needs nothing re-hashed: new events are linked with the first ke
 APPROVALS_AUDIT_KEYS, and each event keeps the id of the key that linked it, which must stay
 in the ring as long as that event must verify. The command says how many events each key
 linked, and fails when one of those keys is missing from the ring.
+
+Decision keys (APPROVALS_DECISION_SIGNING_KEYS) need nothing re-signed either: to rotate, put a
+new `id:key` first in the ring (the first signs) and keep the old one after it while callers
+may still check decisions it signed; every key in the ring is published. The command says which
+key signs and which are published.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ class Command(BaseCommand):
         if failed:
             self.stderr.write("some states could not be opened with any key in the ring")
         failed += self._audit_keys()
+        self._decision_keys()
         if failed:
             sys.exit(1)
 
@@ -62,3 +68,12 @@ class Command(BaseCommand):
                 "in APPROVALS_AUDIT_KEYS: put it back, or verify_audit fails on them"
             )
         return len(missing)
+
+    def _decision_keys(self) -> None:
+        keys = signatures.decision_public_keys()
+        current = next(k["id"] for k in keys if k["current"])
+        self.stdout.write(
+            f"decision keys: new decisions signed with {current}, nothing to re-sign; "
+            f"published: {', '.join(k['id'] for k in keys)}. To rotate, put a new id:key first "
+            "in APPROVALS_DECISION_SIGNING_KEYS and keep the old one after it."
+        )

@@ -37,13 +37,14 @@ def _reaper_loop(interval: float, stop: threading.Event) -> None:
             if any(vars(report).values()):
                 logger.info(
                     "reaper: requeued %s, re-enqueued %s, expired %s, rejected %s, "
-                    "escalated %s, queued %s",
+                    "escalated %s, queued %s, waiting for their callers %s",
                     report.requeued,
                     report.reenqueued,
                     report.expired_runs,
                     report.rejected,
                     report.escalated,
                     report.queued,
+                    report.awaiting_caller,
                 )
             for receiver, said in signals.worker_housekeeping.send_robust(sender=None):
                 if isinstance(said, Exception):

@@ -1,9 +1,15 @@
-"""Demo tenants, users of every role and paused runs waiting for a decision. Idempotent."""
+"""Demo tenants, users of every role and paused runs waiting for a decision. Idempotent.
+
+Works on any fresh database whatever var/ holds: each demo run gets a conversation session of
+its own, named when the run is made (the Run row keeps the name), so sessions that a run of
+another database finished are never resumed, and never touched.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import secrets
 import sqlite3
 from datetime import timedelta
 
@@ -29,8 +35,15 @@ from sessions_admin.orm_session import DjangoSession
 from sessions_admin.stores import redis_prefix, sqlite_path
 
 DEMO_PASSWORD = "demo-pass-2026"
-# Where bin/run-dev starts `manage.py webhook_receiver`; acme's demo webhook points here.
-DEMO_WEBHOOK_URL = os.environ.get("DEMO_WEBHOOK_URL", "http://127.0.0.1:8025/")
+DEMO_WEBHOOK_DESCRIPTION = "Demo receiver: manage.py webhook_receiver, started by bin/run-dev"
+
+
+def demo_webhook_url() -> str:
+    """Where bin/run-dev starts `manage.py webhook_receiver` ($WEBHOOK_PORT, else 8025): acme's
+    demo webhook points there."""
+    return f"http://127.0.0.1:{os.environ.get('WEBHOOK_PORT') or 8025}/"
+
+
 TENANTS = {"acme": "Acme Corp", "globex": "Globex"}
 # username suffix -> role; "requester" starts agent runs and so may not approve them.
 USERS = {
@@ -91,7 +104,12 @@ class Command(BaseCommand):
             if Run.objects.filter(tenant=tenant, agent_key=agent_key, title=prompt).exists():
                 continue
             requester = User.objects.get(username=f"{slug}-requester")
-            session = SQLiteSession(f"demo-{slug}-{index}", sqlite_path(tenant))
+            # A new session for a new run: the tenant's file may hold the conversation of a
+            # demo run of another database (already approved and finished), which must be
+            # neither resumed here nor cleared.
+            session = SQLiteSession(
+                f"demo-{slug}-{index}-{secrets.token_hex(4)}", sqlite_path(tenant)
+            )
             try:
                 agent = registry.get_spec(agent_key, "1").build()
                 # The deploy token is a runtime dependency: the release agent's context
@@ -131,26 +149,42 @@ class Command(BaseCommand):
 
 
 def _seed_webhook(tenant: Tenant, admin) -> WebhookEndpoint | str:
-    """acme's demo webhook, for every event, to the local development receiver. Idempotent.
+    """acme's demo webhook, for every event, to the local development receiver. Idempotent; when
+    the receiver's port changed (WEBHOOK_PORT), the demo webhook moves to it.
 
     Where private webhook targets are refused (NOTIFICATIONS_ALLOW_PRIVATE_WEBHOOKS off, as in
     production) a loopback URL is refused too: then there is no demo webhook, and the reason
     is returned instead.
     """
-    existing = WebhookEndpoint.objects.filter(tenant=tenant, url=DEMO_WEBHOOK_URL).first()
-    if existing:
-        return existing
+    url = demo_webhook_url()
+    existing = (
+        WebhookEndpoint.objects.filter(tenant=tenant, url=url).first()
+        or WebhookEndpoint.objects.filter(tenant=tenant, description=DEMO_WEBHOOK_DESCRIPTION)
+        .order_by("pk")
+        .first()
+    )
     try:
-        endpoint, _ = endpoints.create_endpoint(
-            tenant=tenant,
-            user=admin,
-            url=DEMO_WEBHOOK_URL,
-            description="Demo receiver: manage.py webhook_receiver, started by bin/run-dev",
-            events=list(Event.values),
-        )
+        if existing is None:
+            endpoint, _ = endpoints.create_endpoint(
+                tenant=tenant,
+                user=admin,
+                url=url,
+                description=DEMO_WEBHOOK_DESCRIPTION,
+                events=list(Event.values),
+            )
+            return endpoint
+        if existing.url != url:
+            return endpoints.update_endpoint(
+                existing,
+                user=admin,
+                url=url,
+                description=existing.description,
+                events=existing.events,
+                active=existing.active,
+            )
     except WebhookURLError as error:
         return str(error)
-    return endpoint
+    return existing
 
 
 # group -> username suffixes; policies name these groups in their rules and escalations.

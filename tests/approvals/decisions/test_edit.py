@@ -27,6 +27,7 @@ from approvals.decisions.errors import (
     NotAllowedError,
     SelfApprovalError,
     TicketNotFoundError,
+    ToolUnavailableError,
 )
 from approvals.models import (
     AuditEvent,
@@ -169,7 +170,7 @@ def test_edit_and_approve_end_to_end_runs_the_edited_release_once(setup, model_c
         new.pk,
         "done",
     )
-    assert run.final_output == "Release 2026.07.24: Release 2026.07.25 is live on production."
+    assert run.final_output == "Release 2026.07.25: Release 2026.07.25 is live on production."
     assert actions(run) == [
         "run.paused",
         "ticket.created",
@@ -801,3 +802,60 @@ def test_edit_is_refused_to_an_approver_outside_the_policys_groups(setup):
 
     assert Ticket.objects.get(pk=ticket.pk).status == TicketStatus.PENDING
     assert not PreAuthorization.objects.exists()
+
+
+# --- a run this console cannot resume ---------------------------------------------------------
+
+
+def test_edit_of_a_run_whose_agent_version_is_gone_says_reject_or_deploy(client, setup):
+    _, ticket, approver = setup
+    Run.objects.filter(pk=ticket.run_id).update(agent_version="9")
+    ticket.refresh_from_db()
+    client.force_login(approver)
+
+    response = client.get(edit_url(ticket))
+
+    page = response.content.decode()
+    assert response.status_code == 409
+    assert (
+        "This run cannot resume here: agent &#x27;release&#x27; version &#x27;9&#x27; is not "
+        "deployed (deployed: 1). Reject the call with a message to the agent, or ask an admin "
+        "to deploy agent release v9."
+    ) in page
+    assert "approve or reject the call as it is" not in page
+    assert 'id="edit-form"' not in page
+    with pytest.raises(ToolUnavailableError):
+        edit_and_approve(ticket, user=approver, arguments=EDITED)
+    assert Ticket.objects.get(pk=ticket.pk).status == TicketStatus.PENDING
+
+
+@RESUMES
+def test_the_run_page_says_what_was_requested_and_what_was_approved_as_edited(client):
+    tenant = TenantFactory()
+    approver = member(tenant, Role.APPROVER, username="approver")
+    run = paused_run(
+        tenant,
+        requested_by=member(tenant, Role.VIEWER),
+        prompt="Deploy release 2026.07.24 to staging",
+    )
+    ticket = Ticket.objects.get(run=run)
+    edit_and_approve(
+        ticket, user=approver, arguments={"environment": "staging", "release": "2026.07.25"}
+    )
+    resume(run_id=run.pk, worker_id="w1")  # the model calls again; the edit pre-authorises it
+    resume(run_id=run.pk, worker_id="w2")
+    client.force_login(approver)
+
+    page = client.get(reverse("approvals:run", args=[run.pk])).content.decode()
+
+    run.refresh_from_db()
+    assert run.status == RunStatus.COMPLETED
+    assert run.final_output == "Release 2026.07.25: Release 2026.07.25 is live on staging."
+    assert run.title == "Deploy release 2026.07.24 to staging"  # what was asked stays on record
+    assert '<span id="run-title">Requested: “Deploy release 2026.07.24 to staging”</span>' in page
+    assert (
+        f'<p class="run-edited" id="run-edited-{ticket.pk}"><strong>Approved as edited</strong> by '
+        f'approver (<a href="/tickets/{ticket.pk}/">ticket #{ticket.pk}</a>, '
+        '<span class="tool">deploy_release</span>): <span class="edit-change"><code>release</code> '
+        "edited from <del>&quot;2026.07.24&quot;</del> to <ins>&quot;2026.07.25&quot;</ins></span>."
+    ) in page

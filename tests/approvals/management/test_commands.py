@@ -173,13 +173,23 @@ def test_decide_without_a_choice_is_refused(pending):
 @pytest.fixture
 def audit_ring(settings):
     settings.APPROVALS_AUDIT_KEYS = [("a1", b"1" * 32)]
+    settings.APPROVALS_DECISION_SIGNING_KEYS = [("d1", b"d" * 32)]
     return settings
+
+
+DECISION_LINE = (
+    "decision keys: new decisions signed with {current}, nothing to re-sign; published: "
+    "{published}. To rotate, put a new id:key first in APPROVALS_DECISION_SIGNING_KEYS and keep "
+    "the old one after it."
+)
 
 
 def _audit_line() -> str:
     return (
         "audit chain: new events linked with key a1, nothing to re-hash; "
         f"events per key: a1 {AuditEvent.objects.count()}\n"
+        + DECISION_LINE.format(current="d1", published="d1")
+        + "\n"
     )
 
 
@@ -226,6 +236,7 @@ def test_rotate_keys_command_rehashes_no_audit_event_and_counts_them_per_key(set
     # Both rings rotated, as an operator would: the state is re-sealed (audited: keys.rotated).
     settings.APPROVALS_ENCRYPTION_KEYS = [("k2", k2), ("k1", k1)]
     settings.APPROVALS_AUDIT_KEYS = [("a2", b"2" * 32), ("a1", b"1" * 32)]
+    settings.APPROVALS_DECISION_SIGNING_KEYS = [("d2", b"e" * 32), ("d1", b"d" * 32)]
     out = StringIO()
 
     call_command("rotate_keys", stdout=out, stderr=StringIO())
@@ -234,10 +245,11 @@ def test_rotate_keys_command_rehashes_no_audit_event_and_counts_them_per_key(set
     after = list(AuditEvent.objects.order_by("pk").values_list("pk", "hash", "hash_key_id"))
     assert after[: len(before)] == before
     assert [key_id for _, _, key_id in after[len(before) :]] == ["a2"]
-    assert out.getvalue().splitlines()[-1] == (
+    assert out.getvalue().splitlines()[-2:] == [
         "audit chain: new events linked with key a2, nothing to re-hash; "
-        f"events per key: a1 {len(before)}, a2 1"
-    )
+        f"events per key: a1 {len(before)}, a2 1",
+        DECISION_LINE.format(current="d2", published="d2, d1"),
+    ]
     assert verify_chain(tenant).ok
 
 

@@ -62,7 +62,7 @@ def test_audit_auditor_sees_the_events(client):
     assert shown(response) == [created.pk]
     body = response.content.decode()
     assert "<code>ticket.created</code>" in body
-    assert "<td>alice</td>" in body
+    assert '<td data-label="Actor">alice</td>' in body
     assert '<span class="tool">deploy_release</span>' in body
 
 

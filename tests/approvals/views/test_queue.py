@@ -15,7 +15,9 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import escape
 
-from approvals.models import Role, Run, Ticket, TicketStatus
+from approvals.core.canonical import arguments_digest
+from approvals.models import Role, Run, Ticket, TicketStatus, TicketVote
+from approvals.policies.versions import save_policy
 from tests.support import TenantFactory, member
 
 pytestmark = pytest.mark.django_db
@@ -374,3 +376,94 @@ def test_queue_uses_the_tenant_chosen_in_the_switcher(client):
 
     assert shown_ids(chosen) == [wanted.pk]
     assert len(shown_ids(everything)) == 2
+
+
+# --- what a row says: number, run, quorum, whether the run can resume ---------------------------
+
+
+def voted_ticket(tenant, admin, *, tool: str, voter) -> Ticket:
+    """A pending ticket governed by a two-approval policy of its tool, with one vote."""
+    policy = save_policy(tenant=tenant, user=admin, tool_name=tool, required_approvals=2)
+    ticket = cheap_ticket(tenant, tool=tool)
+    Ticket.objects.filter(pk=ticket.pk).update(policy=policy)
+    TicketVote.objects.create(ticket=ticket, user=voter, policy=policy)
+    return ticket
+
+
+def test_queue_row_shows_the_ticket_number_and_the_run_title_linked(client):
+    tenant = TenantFactory()
+    ticket = cheap_ticket(tenant)
+    Run.objects.filter(pk=ticket.run_id).update(title="Deploy release 2026.07.24 to production")
+    client.force_login(member(tenant, Role.VIEWER))
+
+    body = client.get(QUEUE).content.decode()
+
+    assert f'<span class="ticket-no">#{ticket.pk}</span>' in body
+    assert (
+        f'<a class="run-link" href="/runs/{ticket.run_id}/" id="run-link-{ticket.pk}">'
+        f'Run #{ticket.run_id}: <span class="run-title">Deploy release 2026.07.24 to production'
+        "</span></a>"
+    ) in body
+
+
+def test_queue_row_shows_quorum_progress(client):
+    tenant = TenantFactory()
+    admin = member(tenant, Role.ADMIN)
+    voted = voted_ticket(tenant, admin, tool="deploy_release", voter=member(tenant, Role.APPROVER))
+    plain = cheap_ticket(tenant, tool="publish_invoice")
+    client.force_login(member(tenant, Role.VIEWER))
+
+    body = client.get(QUEUE).content.decode()
+
+    assert f'id="progress-{voted.pk}" class="has-votes">1 of 2 approvals</td>' in body
+    assert f'id="progress-{plain.pk}" class="">0 of 1 approval</td>' in body
+
+
+def test_queue_queries_do_not_grow_with_votes_and_policies(client, django_assert_num_queries):
+    tenant = TenantFactory()
+    admin = member(tenant, Role.ADMIN)
+    voted_ticket(tenant, admin, tool="tool_0", voter=member(tenant, Role.APPROVER))
+    client.force_login(member(tenant, Role.APPROVER))
+    at_one = queries_for(client, QUEUE)
+
+    for index in range(1, 20):
+        voted_ticket(tenant, admin, tool=f"tool_{index}", voter=member(tenant, Role.APPROVER))
+    with django_assert_num_queries(at_one):
+        response = client.get(QUEUE)
+    assert len(shown_ids(response)) == 20
+    assert {row["progress"].tally() for row in response.context["rows"]} == {"1 of 2 approvals"}
+
+
+def test_queue_flags_a_run_that_cannot_resume_and_keeps_it_out_of_a_batch(client):
+    tenant = TenantFactory()
+    ticket = cheap_ticket(tenant)
+    Ticket.objects.filter(pk=ticket.pk).update(
+        arguments_digest=arguments_digest(ticket.arguments_json)
+    )
+    gone = cheap_ticket(tenant)
+    Ticket.objects.filter(pk=gone.pk).update(arguments_digest=arguments_digest(gone.arguments_json))
+    Run.objects.filter(pk=gone.run_id).update(agent_version="9")
+    client.force_login(member(tenant, Role.APPROVER))
+
+    body = client.get(QUEUE).content.decode()
+
+    assert f'id="cannot-resume-{gone.pk}"' in body
+    assert f'id="cannot-resume-{ticket.pk}"' not in body
+    assert f'name="ticket" value="{ticket.pk}"' in body
+    assert f'name="ticket" value="{gone.pk}"' not in body
+
+
+@pytest.mark.parametrize(
+    ("role", "expected"),
+    [(Role.APPROVER, ["j/k", "Enter", "x"]), (Role.VIEWER, ["j/k", "Enter"])],
+)
+def test_queue_keys_are_the_ones_that_work_here(client, role, expected):
+    tenant = TenantFactory()
+    cheap_ticket(tenant)
+    client.force_login(member(tenant, role))
+
+    body = client.get(QUEUE).content.decode()
+
+    assert re.findall(r'data-hint="([^"]+)"', body) == expected
+    assert "<kbd>a</kbd>" not in body
+    assert "<kbd>r</kbd>" not in body

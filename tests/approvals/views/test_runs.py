@@ -18,7 +18,7 @@ from approvals.models import (
     Ticket,
 )
 from approvals.runs.resume import resume
-from tests.support import TenantFactory, member, paused_run
+from tests.support import TenantFactory, caller_run, member, paused_run
 
 pytestmark = pytest.mark.django_db
 
@@ -165,6 +165,62 @@ def test_run_needing_attention_hides_the_resolve_form_from_others(client, role):
     body = response.content.decode()
     assert 'class="resolve-form"' not in body
     assert f"An admin of {tenant.name} can record what happened" in body
+
+
+# --- a run its caller holds ------------------------------------------------------------------
+
+
+def test_run_of_a_caller_waiting_for_a_decision_says_its_caller_resumes_it(client):
+    tenant = TenantFactory()
+    run = caller_run(tenant)
+    client.force_login(member(tenant, Role.VIEWER))
+
+    body = client.get(run_url(run)).content.decode()
+
+    assert '<span id="run-executor">resumed by its caller</span>' in body
+    assert "the program that runs this agent resumes it in its own process" in body
+
+
+def test_run_of_a_caller_decided_waits_for_the_caller_not_a_worker(client):
+    tenant = TenantFactory()
+    run = caller_run(tenant, requested_by=member(tenant, Role.VIEWER))
+    ticket = Ticket.objects.get(run=run)
+    decide(ticket, user=member(tenant, username="alice"), approve=True)
+    client.force_login(member(tenant, Role.VIEWER))
+
+    response = client.get(run_url(run))
+
+    body = response.content.decode()
+    assert 'data-status="awaiting_caller"' in body
+    assert "<h2>Waiting for the caller to resume</h2>" in body
+    assert (
+        f'<a href="/tickets/{ticket.pk}/">Ticket #{ticket.pk}: deploy_release</a> · '
+        '<span class="badge status-approved">Approved</span> by alice'
+    ) in body
+    assert "worker" not in body.split('id="timeline"')[0].lower()
+    assert [item["label"] for item in response.context["timeline"]][-1] == (
+        "Decided: waiting for the caller"
+    )
+    assert resume_tasks(run) == 0
+
+
+def test_run_of_a_caller_needing_attention_offers_no_resolution(client):
+    tenant = TenantFactory()
+    run = caller_run(tenant)
+    # No move leads a caller's run here; a hand in the database could.
+    Run.objects.filter(pk=run.pk).update(status=RunStatus.NEEDS_ATTENTION, status_reason="?")
+    client.force_login(member(tenant, Role.ADMIN))
+
+    body = client.get(run_url(run)).content.decode()
+    response = client.post(resolve_url(run), {"resolution": "abandon"}, follow=True)
+
+    assert 'class="resolve-form"' not in body
+    assert "Its caller runs this agent, so only its caller can settle it." in body
+    assert "Its caller runs this agent, so only its caller can settle it." in (
+        response.content.decode()
+    )
+    assert Run.objects.get(pk=run.pk).status == RunStatus.NEEDS_ATTENTION
+    assert not AuditEvent.objects.filter(run_id=run.pk, action="run.resolved").exists()
 
 
 # --- resolve ---------------------------------------------------------------------------------

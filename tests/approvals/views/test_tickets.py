@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from django.urls import reverse
 
 from approvals.core.presenters import ArgRow, Change
 from approvals.decisions.decide import decide
-from approvals.models import Role, Ticket
+from approvals.models import Role, Run, Ticket
 from tests.support import TenantFactory, member, pending_ticket
 
 pytestmark = pytest.mark.django_db
@@ -244,3 +246,125 @@ def test_ticket_post_is_refused(client):
     response = client.post(reverse("approvals:ticket", args=[ticket.pk]))
 
     assert response.status_code == 405
+
+
+# --- what the page says follows the ticket ------------------------------------------------------
+
+
+def test_ticket_head_rereads_alone_and_follows_the_decision(client):
+    tenant = TenantFactory()
+    ticket = pending_ticket(tenant, requested_by=member(tenant, Role.VIEWER))
+    client.force_login(member(tenant, Role.VIEWER))
+    decide(ticket, user=member(tenant, Role.APPROVER, username="rm-alice"), approve=True)
+
+    response = page(client, ticket, headers={"HX-Request": "true", "HX-Target": "ticket-head"})
+
+    body = response.content.decode().strip()
+    assert response.status_code == 200
+    assert body.startswith('<div class="page-head" id="ticket-head"')
+    assert 'id="ticket-status" data-status="approved">Approved</span>' in body
+    assert 'hx-trigger="console:changed from:body"' in body
+    assert "<html" not in body
+
+
+def test_ticket_decided_shows_when_and_by_whom_and_no_expiry(client):
+    tenant = TenantFactory()
+    ticket = pending_ticket(tenant, requested_by=member(tenant, Role.VIEWER))
+    client.force_login(member(tenant, Role.VIEWER))
+    before = page(client, ticket).content.decode()
+    decide(ticket, user=member(tenant, Role.APPROVER, username="rm-alice"), approve=True)
+    ticket.refresh_from_db()
+
+    body = page(client, ticket).content.decode()
+
+    assert "<dt>Expires</dt>" in before
+    assert "<dt>Expires</dt>" not in body
+    assert "data-countdown" not in body
+    assert (
+        f'<dt>Decided</dt><dd id="ticket-decided">approved by rm-alice at '
+        f'<time datetime="{ticket.decided_at:%Y-%m-%dT%H:%M:%S}'
+    ) in body
+
+
+def test_ticket_of_a_run_that_cannot_resume_warns_and_offers_only_reject(client):
+    tenant = TenantFactory()
+    ticket = pending_ticket(tenant, requested_by=member(tenant, Role.VIEWER))
+    Run.objects.filter(pk=ticket.run_id).update(agent_version="9")
+    client.force_login(member(tenant, Role.APPROVER))
+
+    body = page(client, ticket).content.decode()
+
+    assert 'id="resume-blocked"' in body
+    assert "Agent &#x27;release&#x27; version &#x27;9&#x27; is not deployed (deployed: 1)." in body
+    assert "Reject the call with a message" in body
+    assert "ask an admin to deploy agent <strong>release</strong> v9" in body
+    assert APPROVE_BUTTON not in body
+    assert REJECT_BUTTON in body
+    assert 'id="edit-and-approve"' not in body
+    assert 'data-hint="a"' not in body
+    assert 'data-hint="r"' in body
+
+
+def test_ticket_of_a_run_in_an_unknown_sdk_schema_warns(client):
+    tenant = TenantFactory()
+    ticket = pending_ticket(tenant, requested_by=member(tenant, Role.VIEWER))
+    Run.objects.filter(pk=ticket.run_id).update(schema_version="0.1")
+    client.force_login(member(tenant, Role.APPROVER))
+
+    body = page(client, ticket).content.decode()
+
+    assert "The state was written in SDK schema &#x27;0.1&#x27;" in body
+    assert APPROVE_BUTTON not in body
+
+
+# --- keyboard hints: only what works here, for this person --------------------------------------
+
+
+def hints(body: str) -> list[str]:
+    return re.findall(r'data-hint="([^"]+)"', body)
+
+
+def test_ticket_keys_for_an_approver_are_approve_reject_and_claim(client):
+    tenant = TenantFactory()
+    ticket = pending_ticket(tenant, requested_by=member(tenant, Role.VIEWER))
+    client.force_login(member(tenant, Role.APPROVER))
+
+    assert hints(page(client, ticket).content.decode()) == ["a", "r", "Esc", "c"]
+
+
+@pytest.mark.parametrize("role", [Role.VIEWER, Role.AUDITOR])
+def test_ticket_keys_for_who_cannot_decide_are_none(client, role):
+    tenant = TenantFactory()
+    ticket = pending_ticket(tenant, requested_by=member(tenant, Role.VIEWER))
+    client.force_login(member(tenant, role))
+
+    body = page(client, ticket).content.decode()
+
+    assert hints(body) == []
+    assert "<kbd>a</kbd>" not in body
+    assert "<kbd>r</kbd>" not in body
+
+
+def test_ticket_keys_for_the_requester_leave_out_approve(client):
+    tenant = TenantFactory()
+    requester = member(tenant, Role.APPROVER)
+    ticket = pending_ticket(tenant, requested_by=requester)
+    client.force_login(requester)
+
+    assert hints(page(client, ticket).content.decode()) == ["r", "Esc", "c"]
+
+
+def test_ticket_keys_of_a_decided_ticket_are_none_and_follow_the_reread(client):
+    tenant = TenantFactory()
+    ticket = pending_ticket(tenant, requested_by=member(tenant, Role.VIEWER))
+    client.force_login(member(tenant, Role.APPROVER))
+    decide(ticket, user=member(tenant, Role.APPROVER), approve=True)
+
+    full = page(client, ticket).content.decode()
+    partial = page(
+        client, ticket, headers={"HX-Request": "true", "HX-Target": "decision"}
+    ).content.decode()
+
+    assert hints(full) == []
+    # The decision box's re-read carries the hints along, out of band, so they stay true.
+    assert '<span id="keys-decision" hx-swap-oob="true"></span>' in partial

@@ -52,12 +52,16 @@ def _event_payload(event: AuditEvent) -> str:
     )
 
 
-def event_hash(event: AuditEvent) -> str:
-    """The event's link: HMAC-SHA256 under its key, or plain SHA-256 for an unkeyed event.
+def event_hash(event: AuditEvent, *, prev_hash: str | None = None) -> str:
+    """The event's link: HMAC-SHA256 under its key, or plain SHA-256 for an unkeyed event, of
+    the previous event's hash and the event's contents.
 
+    prev_hash defaults to the event's stored prev_hash; verification passes the hash it
+    recomputed for the previous event instead, so it never trusts a stored link.
     Raises signatures.UnknownAuditKeyError when its key is not in APPROVALS_AUDIT_KEYS.
     """
-    message = f"{event.prev_hash}\n{_event_payload(event)}".encode()
+    prev = event.prev_hash if prev_hash is None else prev_hash
+    message = f"{prev}\n{_event_payload(event)}".encode()
     if not event.hash_key_id:
         return signatures.plain_link(message)
     return signatures.link(event.hash_key_id, message)
@@ -185,7 +189,7 @@ def verify_chain(tenant: Tenant, *, head: tuple[int, str] | None = None) -> Chai
         else:
             unkeyed += 1
         try:
-            recomputed = event_hash(event)
+            recomputed = event_hash(event, prev_hash=expected_prev)
         except signatures.UnknownAuditKeyError:
             reason = f"linked with key {event.hash_key_id!r}, which is not in APPROVALS_AUDIT_KEYS"
             return broken(event.seq, event.pk, reason)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from io import StringIO
 
 import pytest
@@ -21,6 +22,10 @@ from tests.support import (
 )
 
 pytestmark = pytest.mark.django_db
+
+# Computed outside the project: hmac.new(b"1" * 32, ("cd" * 32 + "\n" + json.dumps(fields,
+# sort_keys=True, separators=(",", ":"), ensure_ascii=False)).encode(), "sha256").hexdigest()
+KNOWN_LINK = "32fa89fee770b0bf27dc4e35919c8618ca09634205498aa03d65bd1ef2341de6"
 
 # What each vendor raises when the append-only trigger refuses a statement: SQLite's
 # RAISE(ABORT) is a constraint failure; PostgreSQL's ERRCODE insufficient_privilege is class 42.
@@ -261,6 +266,60 @@ def test_verify_chain_edited_event_with_recomputed_hash_is_detected_at_the_next_
     assert report == audit.ChainReport(
         "acme", 3, False, 3, events[2].pk, "previous-hash link is broken"
     )
+
+
+def test_verify_chain_forged_event_with_its_next_link_rewritten_is_detected_at_the_next_event():
+    """The attacker edits event #2, recomputes its hash and rewrites #3's stored prev_hash to
+    match: #3's own hash covers the previous hash, so recomputing it from #2's shows the break."""
+    tenant = TenantFactory(slug="acme")
+    events = _chain(tenant, 4)
+    with audit_guard_lifted():
+        forged = AuditEvent.objects.get(pk=events[1].pk)
+        forged.outcome = "approved"
+        forged.hash = audit.event_hash(forged)
+        forged.save()
+        AuditEvent.objects.filter(pk=events[2].pk).update(prev_hash=forged.hash)
+
+        report = audit.verify_chain(tenant)
+
+    assert report == audit.ChainReport(
+        "acme", 3, False, 3, events[2].pk, "contents differ from their hash"
+    )
+
+
+def test_verify_chain_recomputes_each_link_from_the_previous_event_not_the_stored_field():
+    tenant = TenantFactory(slug="acme")
+    events = _chain(tenant, 3)
+    event = AuditEvent.objects.get(pk=events[1].pk)
+
+    assert audit.event_hash(event) == event.hash
+    assert audit.event_hash(event, prev_hash=events[0].hash) == event.hash
+    assert audit.event_hash(event, prev_hash="0" * 64) != event.hash
+
+
+def test_event_hash_known_answer(settings):
+    """The link's formula, pinned: HMAC-SHA256 under the key of the previous hash, a newline and
+    the canonical JSON of the event's fields. A change to it must be a deliberate one."""
+    settings.APPROVALS_AUDIT_KEYS = [("a1", b"1" * 32)]
+    event = AuditEvent(
+        tenant_id=7,
+        seq=3,
+        created_at=datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=UTC),
+        actor_id=None,
+        actor_name="worker",
+        action="run.completed",
+        run_id=11,
+        ticket_id=None,
+        tool_name="deploy_release",
+        arguments_digest="ab" * 32,
+        outcome="completed",
+        detail={"output": "Release 2026.07.25 is live"},
+        prev_hash="cd" * 32,
+        hash_key_id="a1",
+    )
+
+    assert audit.event_hash(event) == KNOWN_LINK
+    assert audit.event_hash(event, prev_hash="ce" * 32) != KNOWN_LINK
 
 
 def test_verify_chain_deleted_middle_event_is_detected():

@@ -300,6 +300,31 @@ def test_resume_with_blob_swapped_from_another_run_is_refused():
     )
 
 
+def test_resume_with_an_older_generations_blob_copied_over_the_run_is_refused():
+    """A replay of an older checkpoint: the generation-1 blob over a generation-2 run. The seal
+    binds the generation, so the blob does not open and nothing runs."""
+    run, _, approver = decided_run(prompt=TWO_ENVIRONMENTS)
+    first = Run.objects.get(pk=run.pk)
+    resume(run_id=run.pk, worker_id="w1")
+    decide(Ticket.objects.get(run=run, status=TicketStatus.PENDING), user=approver, approve=True)
+    Run.objects.filter(pk=run.pk).update(
+        state_key_id=first.state_key_id,
+        state_nonce=bytes(first.state_nonce),
+        state_ciphertext=bytes(first.state_ciphertext),
+    )
+    assert Run.objects.get(pk=run.pk).state_generation == 2
+
+    outcome = resume(run_id=run.pk, worker_id="w2")
+
+    run.refresh_from_db()
+    assert outcome.status == run.status == RunStatus.NEEDS_ATTENTION
+    assert "failed its integrity check" in run.status_reason
+    assert outcome.effects == []
+    assert [e["environment"] for e in demo.read_effects()] == ["staging"]
+    assert IdempotencyRecord.objects.filter(run=run).count() == 1
+    assert actions(run)[-2:] == ["run.resuming", "run.refused"]
+
+
 def test_resume_with_unknown_key_id_is_refused():
     run, _, _ = decided_run()
     Run.objects.filter(pk=run.pk).update(state_key_id="retired-key")

@@ -268,6 +268,36 @@ def test_a_preauthorisation_is_used_at_most_once(setup):
     assert AuditEvent.objects.filter(action="ticket.preauthorised").count() == 1
 
 
+def test_spending_a_preauthorisation_is_a_compare_and_set_that_only_one_ticket_wins(setup):
+    """Two resumes that both found the pre-authorisation unused (each holds its own copy of
+    the row) race to spend it: the first wins, the second is told no and changes nothing."""
+    _, ticket, approver = setup
+    pre = edit_and_approve(ticket, user=approver, arguments=EDITED)
+    first_copy = PreAuthorization.objects.get(pk=pre.pk)
+    second_copy = PreAuthorization.objects.get(pk=pre.pk)
+    tickets = [
+        Ticket.objects.create(
+            run_id=ticket.run_id,
+            tenant_id=ticket.tenant_id,
+            generation=2,
+            tool_name="deploy_release",
+            tool_call_id=f"call_{n}",
+            arguments_json=EDITED_JSON,
+            arguments_digest=arguments_digest(EDITED_JSON),
+            requested_by=ticket.requested_by,
+            expires_at=pre.expires_at,
+        )
+        for n in (1, 2)
+    ]
+    now = timezone.now()
+
+    assert preauth.use(first_copy, tickets[0], now=now) is True
+    assert preauth.use(second_copy, tickets[1], now=now) is False
+
+    assert PreAuthorization.objects.get(pk=pre.pk).used_by_id == tickets[0].pk
+    assert second_copy.used_by is None
+
+
 @RESUMES
 def test_a_preauthorisation_is_not_used_after_it_expires(setup):
     _, ticket, approver = setup

@@ -210,7 +210,7 @@ def test_a_decided_ticket_leaves_another_approvers_queue_live(console_browser, l
 
 
 def test_reject_with_a_message_shows_it_in_the_timeline(console_browser, live_console):
-    """`r` with no message asks for one; a typed message and Reject + confirm reject the call;
+    """`r` opens the confirmation with its message field; a typed message and Reject reject the call;
     the run page shows the message in the timeline and the run completes with no effect."""
     tenant, requester, approver = _people()
     run = paused_run(tenant, requested_by=requester, prompt=PROMPT)
@@ -224,14 +224,16 @@ def test_reject_with_a_message_shows_it_in_the_timeline(console_browser, live_co
         expect(page.locator("#digest-check")).to_contain_text("Digest verified.")
         expect(page.locator("#diff")).to_contain_text("nothing to compare with")
 
-        page.keyboard.press("r")  # no message yet: the message box gets the focus, no dialog
-        expect(page.locator("#id_message")).to_be_focused()
-        expect(page.locator("dialog.confirm")).to_have_count(0)
-        page.locator("#id_message").fill(DENIED)
-        screenshot(page, "reject-1-ticket")
-        page.click("#decide-form button.reject")
+        # `r` opens the reject confirmation with the message field focused; Escape leaves it.
+        page.keyboard.press("r")
         dialog = page.locator("dialog.confirm[open]")
         expect(dialog).to_contain_text("Reject this call? The message goes back to the agent.")
+        expect(dialog.locator("#confirm-message")).to_be_focused()
+        page.keyboard.press("Escape")
+        expect(page.locator("dialog.confirm")).to_have_count(0)
+        page.keyboard.press("r")
+        dialog.locator("#confirm-message").fill(DENIED)
+        screenshot(page, "reject-1-ticket")
         dialog.locator("button.reject").click()
 
         expect(page).to_have_url(re.compile(rf"/runs/{run.pk}/$"))

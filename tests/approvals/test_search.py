@@ -113,9 +113,12 @@ def test_search_by_another_tenants_number_finds_nothing():
     stored_ticket(mine)
     foreign = stored_ticket(theirs)
 
-    results = search.search(tenant_ids=[mine.pk], text=f"#{foreign.pk}")
+    by_ticket = search.search(tenant_ids=[mine.pk], text=f"#{foreign.pk}")
+    by_run = search.search(tenant_ids=[mine.pk], text=f"#{foreign.run_id}")
 
-    assert (results.tickets, results.runs) == ([], [])
+    assert by_ticket.tickets == []
+    assert {run.tenant_id for run in by_ticket.runs + by_run.runs} <= {mine.pk}
+    assert foreign.run_id not in [run.pk for run in by_run.runs]
 
 
 def test_search_is_bounded_and_says_when_more_matched(django_assert_num_queries):

@@ -23,7 +23,7 @@ from approvals.forms.lists import (
 )
 from approvals.models import Ticket, TicketStatus, TicketVote
 from approvals.policies import quorum, scopes
-from approvals.views import access, lists
+from approvals.views import access, keys, lists
 from approvals.views.access import HtmxHttpRequest
 
 HISTORY_PAGE = 25
@@ -66,6 +66,7 @@ def _render(request: HtmxHttpRequest, template: str, context: dict) -> HttpRespo
         "tools": registry.tool_names(),
         "filtered": lists.filtered(context["form"]),
         "next_query": lists.next_query(request, page),
+        "keys": keys.queue_keys(has_rows=bool(context["rows"]), may_batch=False),
         **lists.choices(request),
     }
     if request.htmx and request.htmx.target == "history-rows":

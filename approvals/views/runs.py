@@ -34,7 +34,7 @@ from approvals.models import (
     TicketStatus,
 )
 from approvals.runs import resolution
-from approvals.views import access, lists
+from approvals.views import access, keys, lists
 from approvals.views.access import HtmxHttpRequest
 
 RUNS_PAGE = 25
@@ -80,6 +80,7 @@ def run_list(request: HtmxHttpRequest) -> HttpResponse:
         "tools": registry.tool_names(),
         "filtered": lists.filtered(form),
         "next_query": lists.next_query(request, page),
+        "keys": keys.queue_keys(has_rows=bool(page and page.rows), may_batch=False),
         **lists.choices(request),
     }
     template = "approvals/runs.html"

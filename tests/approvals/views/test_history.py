@@ -3,6 +3,7 @@ state that leads to them."""
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 from urllib.parse import urlencode
 
@@ -367,3 +368,16 @@ def test_queue_empty_state_links_the_decided_tab_and_the_runs(client):
     assert '<a href="/runs/" id="empty-runs">See every run</a>' in body
     assert 'id="tab-waiting" aria-current="page"' in body
     assert '<a href="/decisions/mine/" id="tab-mine"' in body
+
+
+@pytest.mark.parametrize("url", [DECIDED, MINE])
+def test_history_rows_are_a_keyboard_list_with_its_keys(client, url):
+    tenant = TenantFactory()
+    me = member(tenant, Role.APPROVER)
+    ticket = decided_ticket(tenant, by=me)
+    client.force_login(me)
+
+    body = client.get(url).content.decode()
+
+    assert f'<tr data-row id="{"decided" if url == DECIDED else "mine"}-row-{ticket.pk}">' in body
+    assert re.findall(r'data-hint="([^"]+)"', body) == ["j/k", "Enter"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 from urllib.parse import urlencode
 
@@ -226,3 +227,24 @@ def test_run_page_shows_its_whole_final_output_and_leads_back_to_the_list(client
 
     assert ("All checks passed. " * 40).strip() in body
     assert '<a href="/runs/">Runs</a> / Run' in body
+
+
+def test_run_list_rows_are_a_keyboard_list_and_the_footer_says_so(client):
+    tenant = TenantFactory()
+    run = stored_run(tenant)
+    client.force_login(member(tenant, Role.APPROVER))
+
+    body = client.get(RUNS).content.decode()
+
+    assert '<table class="queue runs stack" data-keyboard-list>' in body
+    assert f'<tr data-row id="run-row-{run.pk}"' in body
+    assert re.findall(r'data-hint="([^"]+)"', body) == ["j/k", "Enter"]
+
+
+def test_run_list_without_rows_promises_no_keys(client):
+    tenant = TenantFactory()
+    client.force_login(member(tenant, Role.APPROVER))
+
+    body = client.get(RUNS).content.decode()
+
+    assert re.findall(r'data-hint="([^"]+)"', body) == []

@@ -63,6 +63,8 @@ def _ticket_text(query: Query) -> Q:
 def tickets_matching(tickets: QuerySet[Ticket], *, query: Query) -> QuerySet[Ticket]:
     """The tickets of this queryset that the query finds: the ticket of that number, or a tool
     name, run title or canonical argument text that contains the words. No query: all of them.
+
+    Side effects: none (the queryset is only narrowed). Raises: nothing.
     """
     if not query:
         return tickets
@@ -75,6 +77,8 @@ def tickets_matching(tickets: QuerySet[Ticket], *, query: Query) -> QuerySet[Tic
 def runs_matching(runs: QuerySet[Run], *, query: Query) -> QuerySet[Run]:
     """The runs of this queryset that the query finds: the run of that number, a title that
     contains the words, or a call of the run whose tool or arguments do. No query: all of them.
+
+    Side effects: none (the queryset is only narrowed). Raises: nothing.
     """
     if not query:
         return runs

@@ -16,5 +16,6 @@ def console(request: HttpRequest) -> dict:
         "console_roles": {m.role for m in memberships.values()},
         "console_active_tenant": access.active_tenant(request),
         "console_can_read_history": any(m.can_read_history for m in memberships.values()),
+        "console_can_decide": any(m.can_decide for m in memberships.values()),
         "console_is_admin": any(m.is_admin for m in memberships.values()),
     }

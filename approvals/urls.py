@@ -2,18 +2,22 @@ from __future__ import annotations
 
 from django.urls import path
 
-from approvals.views import audit, edit, policies, queue, runs, team, tenants, tickets
+from approvals.views import audit, edit, history, policies, queue, runs, team, tenants, tickets
 
 app_name = "approvals"
 
 urlpatterns = [
     path("", queue.queue, name="queue"),
+    path("decided/", history.decided, name="decided"),
+    path("decisions/mine/", history.my_decisions, name="my-decisions"),
+    path("search/", history.search_page, name="search"),
     path("tickets/<int:pk>/", tickets.ticket_detail, name="ticket"),
     path("tickets/<int:pk>/decide/", tickets.ticket_decide, name="decide"),
     path("tickets/<int:pk>/claim/", team.ticket_claim, name="claim"),
     path("tickets/<int:pk>/comments/", team.ticket_comment, name="comment"),
     path("tickets/batch/", team.batch_decide, name="batch"),
     path("tickets/<int:pk>/edit/", edit.ticket_edit, name="edit"),
+    path("runs/", runs.run_list, name="runs"),
     path("runs/<int:pk>/", runs.run_detail, name="run"),
     path("runs/<int:pk>/resolve/", runs.run_resolve, name="resolve"),
     path("audit/", audit.audit_history, name="audit"),

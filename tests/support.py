@@ -8,6 +8,7 @@ import hmac
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
+from datetime import timedelta
 
 import factory
 from agents import Agent, Runner
@@ -17,6 +18,7 @@ from django.conf import settings as django_settings
 from django.contrib.auth import get_user_model
 from django.db import connection, transaction
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from api import tokens
@@ -139,6 +141,69 @@ def pending_ticket(tenant: Tenant, *, requested_by=None, prompt: str | None = No
     """The one pending ticket of a freshly paused release run of the tenant."""
     run = paused_run(tenant, requested_by=requested_by, **({"prompt": prompt} if prompt else {}))
     return Ticket.objects.get(run=run)
+
+
+def stored_run(
+    tenant: Tenant,
+    *,
+    title: str = "",
+    agent_key: str = "release",
+    status: str = "paused",
+    requested_by=None,
+    created_at=None,
+    **fields,
+) -> Run:
+    """A run row without a real state, for pages that list runs and never open the blob."""
+    return Run.objects.create(
+        tenant=tenant,
+        title=title,
+        agent_key=agent_key,
+        agent_version="1",
+        schema_version="1.0",
+        status=status,
+        requested_by=requested_by,
+        created_at=created_at or timezone.now(),
+        state_key_id="",
+        state_nonce=b"",
+        state_ciphertext=b"",
+        **fields,
+    )
+
+
+def stored_ticket(
+    tenant: Tenant,
+    *,
+    run: Run | None = None,
+    tool: str = "deploy_release",
+    arguments: str = '{"environment":"production","release":"2026.07.24"}',
+    status: str = "pending",
+    created_at=None,
+    **fields,
+) -> Ticket:
+    """A ticket row (of a stored_run unless given one) without a real state behind it."""
+    run = run or stored_run(tenant, requested_by=fields.get("requested_by"))
+    now = timezone.now()
+    return Ticket.objects.create(
+        run=run,
+        tenant=tenant,
+        generation=1,
+        agent_name=run.agent_key,
+        tool_name=tool,
+        tool_call_id=f"call_{run.pk}_{Ticket.objects.filter(run=run).count()}",
+        arguments_json=arguments,
+        arguments_digest="0" * 64,
+        created_at=created_at or now,
+        expires_at=now + timedelta(days=1),
+        status=status,
+        **fields,
+    )
+
+
+def queries_for(client: Client, url: str) -> int:
+    """How many queries one GET of the page takes (it must answer 200)."""
+    with CaptureQueriesContext(connection) as captured:
+        assert client.get(url).status_code == 200
+    return len(captured)
 
 
 def wait_until(predicate: Callable[[], object], *, timeout: float, what: str, every: float = 0.1):

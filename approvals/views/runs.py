@@ -1,11 +1,14 @@
-"""A run: its timeline, live, and an admin's resolution when an effect is in doubt."""
+"""Runs: the list of every run of the user's tenants, and a run's page: its timeline, live,
+its outcome, and an admin's resolution when an effect is in doubt."""
 
 from __future__ import annotations
 
 import json
+from datetime import datetime
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.db.models import Exists, OuterRef
 from django.http import (
     HttpRequest,
     HttpResponse,
@@ -14,20 +17,76 @@ from django.http import (
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
+from approvals import search
 from approvals.audit import actions
+from approvals.core.pagination import BadCursor, after_descending
 from approvals.decisions import preauth
+from approvals.execution import registry
 from approvals.forms.decisions import ResolveForm
+from approvals.forms.lists import RunFilterForm
 from approvals.models import (
     AuditEvent,
     PreAuthorization,
     Run,
     RunExecutor,
     RunStatus,
+    Ticket,
     TicketStatus,
 )
 from approvals.runs import resolution
-from approvals.views import access
+from approvals.views import access, keys, lists
 from approvals.views.access import HtmxHttpRequest
+
+RUNS_PAGE = 25
+
+
+@login_required
+@require_GET
+def run_list(request: HtmxHttpRequest) -> HttpResponse:
+    """Every run of the user's tenants, newest first: filtered, searched, keyset-paged, live."""
+    memberships = access.memberships(request)
+    form = lists.filter_form(request, RunFilterForm)
+    page = None
+    if form.is_valid():
+        filters = form.cleaned_data
+        runs = Run.objects.filter(tenant_id__in=memberships.keys()).select_related(
+            "tenant", "requested_by"
+        )
+        if filters["tenant"]:
+            runs = runs.filter(tenant__slug=filters["tenant"])
+        if filters["status"]:
+            runs = runs.filter(status=filters["status"])
+        if filters["agent"]:
+            runs = runs.filter(agent_key=filters["agent"])
+        if filters["tool"]:
+            runs = runs.filter(
+                Exists(Ticket.objects.filter(run_id=OuterRef("pk"), tool_name=filters["tool"]))
+            )
+        if filters["requester"]:
+            runs = runs.filter(requested_by__username=filters["requester"])
+        runs = lists.in_days(runs, "created_at", filters)
+        runs = search.runs_matching(runs, query=search.parse(filters["q"]))
+        try:
+            page = after_descending(
+                runs, ("created_at", "id"), filters["after"] or None, (datetime, int), RUNS_PAGE
+            )
+        except BadCursor as error:
+            form.add_error("after", str(error))
+    context = {
+        "form": form,
+        "page": page,
+        "runs": page.rows if page else [],
+        "statuses": RunStatus.choices,
+        "tools": registry.tool_names(),
+        "filtered": lists.filtered(form),
+        "next_query": lists.next_query(request, page),
+        "keys": keys.queue_keys(has_rows=bool(page and page.rows), may_batch=False),
+        **lists.choices(request),
+    }
+    template = "approvals/runs.html"
+    if request.htmx and request.htmx.target == "runs-rows":
+        template += "#rows"
+    return render(request, template, context, status=200 if page else 400)
 
 
 def _timeline(run: Run) -> list[dict]:

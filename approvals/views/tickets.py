@@ -239,7 +239,12 @@ def ticket_decide(request: HtmxHttpRequest, pk: int) -> HttpResponse:
         return HttpResponseClientRedirect(url) if request.htmx else redirect(url)
     if status == 200:
         verb = "approved" if form.cleaned_data["decision"] == "approve" else "rejected"
-        messages.success(request, f"Ticket #{ticket.pk} {verb}. The run continues in the worker.")
+        where = (
+            "Its caller resumes the run."
+            if ticket.run.executor == RunExecutor.CALLER
+            else "The run continues in the worker."
+        )
+        messages.success(request, f"Ticket #{ticket.pk} {verb}. {where}")
         url = reverse("approvals:run", args=[ticket.run_id])
         return HttpResponseClientRedirect(url) if request.htmx else redirect(url)
     ticket.refresh_from_db()

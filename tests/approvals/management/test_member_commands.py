@@ -3,6 +3,7 @@ set_role. Each calls approvals.tenancy; bad input is one line and a non-zero exi
 
 from __future__ import annotations
 
+import threading
 from io import StringIO
 
 import pytest
@@ -11,8 +12,11 @@ from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from django.contrib.auth import get_user_model
 from django.core.management import CommandError, call_command
+from django.db import connection
 
+from approvals import tenancy
 from approvals.audit.chain import verify_chain
+from approvals.core.errors import DomainError
 from approvals.decisions.decide import decide
 from approvals.live import tail
 from approvals.models import ApproverGroup, AuditEvent, Membership, Role, Tenant
@@ -424,3 +428,46 @@ def test_bad_input_exits_non_zero_with_one_line(manage_process, args, line):
 
     assert (process.returncode, out, err.strip().splitlines()) == (1, "", [line])
     assert Membership.objects.get(user__username="ada").role == Role.ADMIN
+
+
+# --- two changes at once ------------------------------------------------------------------
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_two_admins_removed_at_the_same_moment_leave_one_admin():
+    """Two threads, two connections, one barrier: the tenant's lock orders the removals, and the
+    second finds the remaining admin is the last."""
+    if connection.vendor != "postgresql":
+        pytest.skip("SQLite has no row locks: two writers at once is a PostgreSQL question")
+    acme = TenantFactory(slug="acme")
+    admins = [member(acme, Role.ADMIN, username=name) for name in ("ada", "bea")]
+    barrier = threading.Barrier(len(admins))
+    results: dict[str, str] = {}
+
+    def remove(user) -> None:
+        try:
+            barrier.wait(timeout=10)
+            tenancy.remove_member(tenant=acme, user=user, channel="command")
+            results[user.username] = "removed"
+        except DomainError as error:
+            results[user.username] = error.sentence()
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=remove, args=(user,)) for user in admins]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+
+    [kept] = [name for name, result in results.items() if result != "removed"]
+    assert sorted(results.values()) == [
+        f"User {kept} is the last admin of acme: make another member admin first.",
+        "removed",
+    ]
+    assert list(Membership.objects.filter(tenant=acme).values_list("user__username", "role")) == [
+        (kept, "admin")
+    ]
+    assert len(events("member.removed")) == 1
+    assert verify_chain(acme).ok is True

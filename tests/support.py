@@ -5,10 +5,16 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
+import os
+import re
+import shlex
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
 from datetime import timedelta
+from pathlib import Path
 
 import factory
 from agents import Agent, Runner
@@ -338,3 +344,89 @@ def api_token(tenant: Tenant, *scopes: str, user=None, days: int = 90):
 def bearer(secret: str) -> dict[str, str]:
     """The headers of an API request with this token."""
     return {"Authorization": f"Bearer {secret}"}
+
+
+# --- the README's code blocks, run as a reader runs them ---------------------------------------
+
+README = Path(django_settings.BASE_DIR) / "README.md"
+# A block the tests run is marked by an HTML comment on the line before its fence.
+README_BLOCK = re.compile(r"<!-- readme-test: ([\w-]+) -->\n```(\w+)\n(.*?)\n```", re.DOTALL)
+# Run a script with Django made unimportable, so it proves it needs none: isolated mode (no
+# PYTHON* variables, no user site, not the current folder on the path), and a finder that
+# refuses any import of django.
+WITHOUT_DJANGO = """
+import runpy, sys
+
+class NoDjango:
+    def find_spec(self, name, path=None, target=None):
+        if name == "django" or name.startswith("django."):
+            raise ImportError(f"{name}: this script must not need Django")
+
+sys.meta_path.insert(0, NoDjango())
+runpy.run_path(sys.argv[1], run_name="__main__")
+"""
+
+
+def readme_blocks() -> list[tuple[str, str, str]]:
+    """The README's marked blocks, in order: (name, language, code)."""
+    return README_BLOCK.findall(README.read_text(encoding="utf-8"))
+
+
+def readme_block(name: str) -> str:
+    [code] = [code for marked, _, code in readme_blocks() if marked == name]
+    return code
+
+
+def run_operator_block(env: dict[str, str]) -> list[str]:
+    """The README's operator commands, typed into bash in the checkout (with this Python for
+    .venv/bin/python) against the database env names; the lines they print, then the token
+    they exported."""
+    script = readme_block("operator").replace(".venv/bin/python", shlex.quote(sys.executable))
+    done = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", script + '\nprintf "%s\\n" "$APPROVALS_TOKEN"\n'],
+        cwd=django_settings.BASE_DIR,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.splitlines()
+
+
+def clean_env(home: Path, **variables: str) -> dict[str, str]:
+    """A reader's shell: a PATH, a home, their variables; no Django settings, no database, no
+    keys. Tracing stays off so nothing tries to reach the internet."""
+    return {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(home),
+        "OPENAI_AGENTS_DISABLE_TRACING": "1",
+        "PYTHONUNBUFFERED": "1",
+        **variables,
+    }
+
+
+def start_script_without_django(script: Path, env: dict[str, str]) -> subprocess.Popen:
+    """Start a plain Python script in its own folder, in another process, where importing
+    Django fails."""
+    return subprocess.Popen(
+        [sys.executable, "-I", "-c", WITHOUT_DJANGO, str(script)],
+        cwd=script.parent,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def pending_ticket_of(tenant_slug: str, process: subprocess.Popen, *, timeout: float = 60):
+    """The first pending ticket of the tenant, once the script has submitted its pause; fails at
+    once, with the script's output, when the script ended first."""
+
+    def submitted():
+        if process.poll() is not None:
+            out, err = process.communicate()
+            raise AssertionError(f"the script ended with {process.returncode}:\n{out}\n{err}")
+        return Ticket.objects.filter(tenant__slug=tenant_slug, status="pending").first()
+
+    return wait_until(submitted, timeout=timeout, what=f"a pending ticket of {tenant_slug}")

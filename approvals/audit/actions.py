@@ -20,6 +20,8 @@ TICKET_CHANGED = "ticket.changed"
 RUN_CHANGED = "run.changed"
 # Delivery hints go to the tenant's admins only: they alone see the delivery and email logs.
 DELIVERY_CHANGED = "delivery.changed"
+# A tenant's members changed: pages re-read what the reader may see and do.
+MEMBER_CHANGED = "member.changed"
 
 
 @dataclass(frozen=True)
@@ -119,6 +121,11 @@ _ACTIONS = [
     Action("token.created", "API token created", "token.changed"),
     Action("token.revoked", "API token revoked", "token.changed"),
     Action("token.used", "API token used", "token.changed"),
+    # Tenants and their members (approvals.tenancy): the operator's commands, or a page.
+    Action("tenant.created", "Tenant created", MEMBER_CHANGED),
+    Action("member.added", "Member added", MEMBER_CHANGED),
+    Action("member.removed", "Member removed", MEMBER_CHANGED),
+    Action("member.role_changed", "Member's role changed", MEMBER_CHANGED),
     Action("email.failed", "Notification email failed", DELIVERY_CHANGED),
     Action("email.retried", "Notification email retried", DELIVERY_CHANGED),
 ]
@@ -140,6 +147,7 @@ OUTCOMES: tuple[str, ...] = tuple(
             "locked_out",
             "changed",
             "created",
+            "added",
             "removed",
             # webhooks (notifications)
             "active",

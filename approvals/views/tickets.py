@@ -25,12 +25,22 @@ from approvals.forms.decisions import CommentForm, DecisionForm
 from approvals.models import (
     Membership,
     PreAuthorization,
+    RunExecutor,
     Ticket,
     TicketStatus,
 )
 from approvals.policies import quorum, scopes
 from approvals.views import access, errors, keys
 from approvals.views.access import HtmxHttpRequest
+
+
+def _resume_blocker(ticket: Ticket) -> str:
+    """Why approving the pending ticket would run nothing here; "" when it would run. A run its
+    caller holds resumes in the caller's program, which the console need not have installed."""
+    run = ticket.run
+    if not ticket.is_pending or run.executor == RunExecutor.CALLER:
+        return ""
+    return registry.resume_blocker(run)
 
 
 def ticket_context(request: HttpRequest, ticket: Ticket, membership: Membership) -> dict:
@@ -75,7 +85,7 @@ def ticket_context(request: HttpRequest, ticket: Ticket, membership: Membership)
     }
     edit = edits.get("into") or edits.get("from")
     # A run this console cannot resume runs nothing whatever is approved: say so, offer reject.
-    blocker = registry.resume_blocker(run) if ticket.is_pending else ""
+    blocker = _resume_blocker(ticket)
     may_approve = (
         may_decide
         and (check is not None and check.ok)
@@ -170,7 +180,7 @@ def head_context(ticket: Ticket, membership: Membership) -> dict:
         "head_progress": quorum.progress(ticket, policy, list(ticket.votes.select_related("user")))
         if ticket.is_pending
         else None,
-        "resume_blocker": registry.resume_blocker(ticket.run) if ticket.is_pending else "",
+        "resume_blocker": _resume_blocker(ticket),
     }
 
 
@@ -229,7 +239,12 @@ def ticket_decide(request: HtmxHttpRequest, pk: int) -> HttpResponse:
         return HttpResponseClientRedirect(url) if request.htmx else redirect(url)
     if status == 200:
         verb = "approved" if form.cleaned_data["decision"] == "approve" else "rejected"
-        messages.success(request, f"Ticket #{ticket.pk} {verb}. The run continues in the worker.")
+        where = (
+            "Its caller resumes the run."
+            if ticket.run.executor == RunExecutor.CALLER
+            else "The run continues in the worker."
+        )
+        messages.success(request, f"Ticket #{ticket.pk} {verb}. {where}")
         url = reverse("approvals:run", args=[ticket.run_id])
         return HttpResponseClientRedirect(url) if request.htmx else redirect(url)
     ticket.refresh_from_db()

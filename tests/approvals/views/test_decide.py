@@ -12,7 +12,7 @@ from django.utils.html import escape
 
 from approvals.decisions.decide import decide
 from approvals.models import AuditEvent, Role, Run, RunStatus, Ticket, TicketStatus
-from tests.support import TenantFactory, member, pending_ticket
+from tests.support import TenantFactory, caller_run, member, pending_ticket
 
 pytestmark = pytest.mark.django_db
 
@@ -74,6 +74,17 @@ def test_decide_approve_shows_a_message_on_the_run_page(client, setup):
         f"Ticket #{ticket.pk} approved. The run continues in the worker."
         in response.content.decode()
     )
+
+
+def test_decide_approve_of_a_callers_run_says_its_caller_resumes_it(client):
+    tenant = TenantFactory()
+    ticket = Ticket.objects.get(run=caller_run(tenant, requested_by=member(tenant, Role.VIEWER)))
+    client.force_login(member(tenant, Role.APPROVER))
+
+    response = client.post(decide_url(ticket), {"decision": "approve"}, follow=True)
+
+    assert f"Ticket #{ticket.pk} approved. Its caller resumes the run." in response.content.decode()
+    assert Run.objects.get(pk=ticket.run_id).status == RunStatus.AWAITING_CALLER
 
 
 def test_decide_reject_stores_the_message(client, setup):

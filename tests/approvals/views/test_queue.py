@@ -18,7 +18,7 @@ from django.utils.html import escape
 from approvals.core.canonical import arguments_digest
 from approvals.models import Role, Run, Ticket, TicketStatus, TicketVote
 from approvals.policies.versions import save_policy
-from tests.support import TenantFactory, member
+from tests.support import TenantFactory, caller_run, member
 
 pytestmark = pytest.mark.django_db
 
@@ -451,6 +451,18 @@ def test_queue_flags_a_run_that_cannot_resume_and_keeps_it_out_of_a_batch(client
     assert f'id="cannot-resume-{ticket.pk}"' not in body
     assert f'name="ticket" value="{ticket.pk}"' in body
     assert f'name="ticket" value="{gone.pk}"' not in body
+
+
+def test_queue_does_not_flag_a_callers_run_of_an_agent_the_console_lacks(client):
+    tenant = TenantFactory()
+    ticket = Ticket.objects.get(run=caller_run(tenant, requested_by=member(tenant, Role.VIEWER)))
+    Run.objects.filter(pk=ticket.run_id).update(agent_key="pipeline-release")
+    client.force_login(member(tenant, Role.APPROVER))
+
+    body = client.get(QUEUE).content.decode()
+
+    assert f'id="cannot-resume-{ticket.pk}"' not in body
+    assert f'name="ticket" value="{ticket.pk}"' in body
 
 
 @pytest.mark.parametrize(

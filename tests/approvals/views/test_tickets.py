@@ -10,7 +10,7 @@ from django.urls import reverse
 from approvals.core.presenters import ArgRow, Change
 from approvals.decisions.decide import decide
 from approvals.models import Role, Run, Ticket
-from tests.support import TenantFactory, member, pending_ticket
+from tests.support import TenantFactory, caller_run, member, pending_ticket
 
 pytestmark = pytest.mark.django_db
 
@@ -315,6 +315,21 @@ def test_ticket_of_a_run_in_an_unknown_sdk_schema_warns(client):
 
     assert "The state was written in SDK schema &#x27;0.1&#x27;" in body
     assert APPROVE_BUTTON not in body
+
+
+def test_ticket_of_a_callers_run_of_an_agent_the_console_lacks_offers_approve(client):
+    """The caller resumes its own run, so an agent this console has not installed blocks
+    nothing."""
+    tenant = TenantFactory()
+    ticket = Ticket.objects.get(run=caller_run(tenant, requested_by=member(tenant, Role.VIEWER)))
+    Run.objects.filter(pk=ticket.run_id).update(agent_key="pipeline-release")
+    client.force_login(member(tenant, Role.APPROVER))
+
+    body = page(client, ticket).content.decode()
+
+    assert 'id="resume-blocked"' not in body
+    assert APPROVE_BUTTON in body
+    assert REJECT_BUTTON in body
 
 
 # --- keyboard hints: only what works here, for this person --------------------------------------

@@ -11,6 +11,7 @@ from datetime import datetime
 from typing import Any
 
 from django.http import HttpRequest, HttpResponse
+from django.views.decorators.csrf import csrf_exempt
 from ninja import NinjaAPI, Path, Query
 
 from api import errors, services, tokens, waiting
@@ -56,6 +57,21 @@ api = NinjaAPI(
 errors.install(api)
 
 ID = Path(..., ge=1, le=MAX_ID)
+
+
+# A Django view, not an operation: the CSRF check would answer a POST with the HTML 403 page.
+@csrf_exempt
+def unknown_path(request: HttpRequest, rest: str) -> HttpResponse:
+    """Any path under /api/v1/ that names no operation (a misspelt path, an id that is not a
+    positive number): the API's 404, in JSON like every refusal, never the console's page."""
+    return api.create_response(
+        request,
+        {
+            "detail": "No such API operation; the operations are listed at /api/v1/docs.",
+            "code": "not_found",
+        },
+        status=404,
+    )
 
 
 def answers(ok: dict[int, Any], *refusals: int) -> dict[int, Any]:

@@ -259,6 +259,39 @@ def test_bad_query_values_answer_422_field_by_field(world):
     assert body["detail"].startswith("The request is not valid: query.")
 
 
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("GET", "/runs/-3"),
+        ("GET", "/tickets/abc"),
+        ("POST", "/runs/-7869/outcome"),
+        ("POST", "/tickets/0x1/decision"),
+        ("GET", "/run"),
+    ],
+)
+def test_a_path_that_names_no_operation_answers_the_apis_404(world, method, path):
+    tenant, people, run = world
+    _, secret = api_token(tenant, user=people["approver"])
+    # The browser's client: a POST without a CSRF token must not meet the HTML 403 page.
+    client = Client(enforce_csrf_checks=True)
+
+    if method == "GET":
+        response = client.get(API + path, headers=bearer(secret))
+    else:
+        response = client.post(
+            API + path, "{}", content_type="application/json", headers=bearer(secret)
+        )
+
+    assert (response.status_code, response["Content-Type"]) == (
+        404,
+        "application/json; charset=utf-8",
+    )
+    assert response.json() == {
+        "detail": "No such API operation; the operations are listed at /api/v1/docs.",
+        "code": "not_found",
+    }
+
+
 def test_wait_holds_the_answer_until_the_run_moves_on(world, monkeypatch):
     tenant, people, run = world
     _, secret = api_token(tenant, "runs:read")

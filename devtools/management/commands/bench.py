@@ -22,8 +22,8 @@ from django.test import Client
 from approvals.models import AuditEvent, Membership, Role, Run, RunStatus, Tenant
 from approvals.runs.resume import resume
 from devtools import processes
+from devtools.bench import api_submit, database, pages, sdk, stats
 from devtools.bench import clones as cloning
-from devtools.bench import database, pages, sdk, stats
 from devtools.bench import report as bench_report
 from devtools.processes import ConsoleClient
 
@@ -54,12 +54,28 @@ class Command(BaseCommand):
         parser.add_argument("--page-events", type=int, default=300_000)
         parser.add_argument("--throughput-runs", type=int, default=600, help="2 workers; 4: x4/3")
         parser.add_argument("--skip-profile", action="store_true")
+        parser.add_argument(
+            "--api-requests", type=int, default=300, help="POST /runs/paused one at a time"
+        )
+        parser.add_argument(
+            "--api-throughput-requests", type=int, default=600, help="from concurrent clients"
+        )
+        parser.add_argument("--api-clients", type=int, default=8)
+        parser.add_argument(
+            "--only-api",
+            action="store_true",
+            help="only the API's figures (with pause_run beside them), e.g. at small sizes",
+        )
 
     def say(self, text: str) -> None:
         self.stdout.write(f"[{time.strftime('%H:%M:%S')}] {text}")
         self.stdout.flush()
 
     def handle(self, *args, json_path: str, **options) -> None:
+        if options["api_requests"] < 2 or options["api_throughput_requests"] < 1:
+            raise CommandError("--api-requests must be 2 or more, --api-throughput-requests 1")
+        if options["api_clients"] < 1:
+            raise CommandError("--api-clients must be 1 or more")
         if options["memory_resumes"] <= 500:
             # Memory is compared after 500 resumes and at the end, so the end must come later.
             raise CommandError("--memory-resumes must be more than 500")
@@ -97,6 +113,10 @@ class Command(BaseCommand):
         Membership.objects.create(user=requester, tenant=tenant, role=Role.VIEWER)
         Membership.objects.create(user=approver, tenant=tenant, role=Role.APPROVER)
         report: dict[str, Any] = {}
+        if options["only_api"]:
+            webs = self.start_webs(procs)
+            report.update(self.api_submit(webs, tenant, requester, options))
+            return report
 
         template, template_text = cloning.make_template(tenant, requester)
         n_http = options["tickets"]
@@ -143,7 +163,13 @@ class Command(BaseCommand):
             self.say("resume path profiled")
 
         # 1 + 2. approve to completed over HTTP: 2 web processes, 2 workers, Redis channel layer
-        report.update(self.approve_over_http(procs, groups["http"], approver))
+        webs = self.start_webs(procs)
+        report.update(self.approve_over_http(procs, webs, groups["http"], approver))
+
+        # 8. the API: a caller hands over its pause to the same 2 web processes.
+        report.update(self.api_submit(webs, tenant, requester, options))
+        for _, proc in webs:
+            procs.stop(proc)
 
         # 3 + 6. resume throughput with 1, 2 and 4 workers; worker memory.
         report.update(self.throughput(procs, groups, approver))
@@ -157,12 +183,19 @@ class Command(BaseCommand):
 
     # --- 1 + 2 --------------------------------------------------------------------------------
 
-    def approve_over_http(self, procs, clones, approver) -> dict[str, Any]:
+    def web_env(self) -> dict[str, str]:
         redis_url = settings.REDIS_URL or ""
-        env = (
-            database.subprocess_env(REDIS_URL=redis_url) if redis_url else database.subprocess_env()
-        )
-        webs = [processes.start_web(procs, env) for _ in range(2)]
+        # The API phase sends hundreds of requests a minute with one token: not the rate limit's
+        # figure, so it stays out of the way.
+        extra = {"APPROVALS_API_RATE_PER_MINUTE": "1000000"}
+        return database.subprocess_env(**extra, **({"REDIS_URL": redis_url} if redis_url else {}))
+
+    def start_webs(self, procs) -> list[tuple[str, processes.Proc]]:
+        return [processes.start_web(procs, self.web_env()) for _ in range(2)]
+
+    def approve_over_http(self, procs, webs, clones, approver) -> dict[str, Any]:
+        redis_url = settings.REDIS_URL or ""
+        env = self.web_env()
         workers = [procs.start("worker", "worker", "--interval", "1", env=env) for _ in range(2)]
         clients = []
         for url, _ in webs:
@@ -208,11 +241,59 @@ class Command(BaseCommand):
                 (sessions_after - sessions_before) / len(clones), 2
             ),
         }
-        for proc in workers + [p for _, p in webs]:
+        for proc in workers:
             procs.stop(proc)
         self.say(
             f"approve to completed p50 {result['approve_to_completed_ms']['p50']} ms, "
             f"decision p50 {result['decision_ms']['p50']} ms"
+        )
+        return result
+
+    # --- 8 ------------------------------------------------------------------------------------
+
+    def api_submit(self, webs, tenant, requester, options) -> dict[str, Any]:
+        """POST /api/v1/runs/paused, each with its own paused state: one at a time (latency),
+        then from concurrent clients (throughput); pause_run in-process on the same kind of
+        state beside them."""
+        n_one, n_many = options["api_requests"], options["api_throughput_requests"]
+        n_pause = min(40, n_one)
+        t0 = time.monotonic()
+        results = api_submit.paused_results(
+            [f"2026.04.04-api{n:05d}" for n in range(n_one + n_many + n_pause)]
+        )
+        bodies = [api_submit.submit_body(r) for r in results[: n_one + n_many]]
+        self.say(f"{len(results)} paused states made in {time.monotonic() - t0:.1f}s")
+        secret = api_submit.bench_token(tenant, requester)
+        urls = [url for url, _ in webs]
+        warm = min(20, n_one // 5)
+        one, statuses = api_submit.submit_one_at_a_time(urls, secret, bodies[:n_one])
+        many = api_submit.submit_concurrently(
+            urls, secret, bodies[n_one:], clients=options["api_clients"]
+        )
+        paused = api_submit.pause_run_seconds(tenant, requester, results[n_one + n_many :])
+        pause_warm = min(5, n_pause // 5)
+        result = {
+            "api_submit_ms": stats.summary_ms(one[warm:]),
+            "api_submit_per_s": many["per_s"],
+            "api_pause_run_ms": stats.summary_ms(paused[pause_warm:]),
+            "api_submit_detail": {
+                "one_at_a_time": {
+                    "requests": n_one,
+                    "warmup": warm,
+                    "web_processes": len(urls),
+                    "statuses": {str(s): c for s, c in statuses.items()},
+                },
+                "concurrent": many,
+                "pause_run_in_process": {"runs": n_pause, "warmup": pause_warm},
+            },
+        }
+        result["api_submit_vs_pause_run_ratio"] = round(
+            result["api_submit_ms"]["p50"] / result["api_pause_run_ms"]["p50"], 1
+        )
+        self.say(
+            f"API submit p50 {result['api_submit_ms']['p50']} ms "
+            f"(pause_run {result['api_pause_run_ms']['p50']} ms), "
+            f"{result['api_submit_per_s']}/s with {many['clients']} clients"
         )
         return result
 

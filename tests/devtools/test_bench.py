@@ -1,0 +1,59 @@
+"""The bench's API phase at tiny sizes, against a live server in this process."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from approvals.models import Role, Run, RunExecutor, RunStatus
+from devtools.bench import api_submit, report, stats
+from tests.support import TenantFactory, member
+
+
+@pytest.fixture
+def bench_world(transactional_db, settings):
+    settings.APPROVALS_API_RATE_PER_MINUTE = 1000
+    tenant = TenantFactory(slug="bench")
+    return tenant, member(tenant, Role.VIEWER, username="bench-dev")
+
+
+def test_bench_api_phase_submits_distinct_states_and_reports_them(bench_world, live_server):
+    tenant, requester = bench_world
+    releases = [f"2026.04.04-api{n:05d}" for n in range(7)]
+    results = api_submit.paused_results(releases)
+    bodies = [api_submit.submit_body(r) for r in results[:5]]
+    secret = api_submit.bench_token(tenant, requester)
+
+    one, statuses = api_submit.submit_one_at_a_time([live_server.url], secret, bodies[:2])
+    many = api_submit.submit_concurrently([live_server.url], secret, bodies[2:], clients=2)
+    paused = api_submit.pause_run_seconds(tenant, requester, results[5:])
+
+    assert (len(one), dict(statuses)) == (2, {201: 2})
+    assert (many["requests"], many["statuses"], many["clients"]) == (3, {"201": 3}, 2)
+    assert len(paused) == 2
+    callers = Run.objects.filter(tenant=tenant, executor=RunExecutor.CALLER)
+    assert sorted(callers.values_list("status", flat=True)) == [RunStatus.PAUSED] * 5
+    # Each request handed over its own state: five runs, five releases.
+    released = {json.loads(r.tickets.get().arguments_json)["release"] for r in callers}
+    assert released == set(releases[:5])
+    figures = {
+        "api_submit_ms": stats.summary_ms(one),
+        "api_pause_run_ms": stats.summary_ms(paused),
+        "api_submit_per_s": many["per_s"],
+        "api_submit_vs_pause_run_ratio": 1.0,
+        "api_submit_detail": {"concurrent": many},
+    }
+    rows = [
+        [cell.strip() for cell in line.strip("|").split("|")]
+        for line in report.table(figures).splitlines()
+    ]
+    assert [row[0] for row in rows] == [
+        "measure",
+        rows[1][0],
+        "API: POST /runs/paused, one at a time (ms)",
+        "pause_run in-process, same states (ms)",
+        "API submit / pause_run (p50)",
+        "API submits/s, 2 clients, 1 web",
+    ]
+    assert rows[5][1] == str(many["per_s"])

@@ -9,13 +9,15 @@ the move, in the same transaction.
 
     run:    starting (started over the API, claimed by a worker) -> paused | completed | failed
                                                                      | needs attention
+            starting -> starting (claimed; a lapsed lease cleared by the reaper or claimed again)
             paused -> awaiting caller (a caller's run, all decided) -> paused (new tickets)
                                                                      | completed | failed | expired
             paused -> failed (its caller gave up)
             paused -> queued -> resuming -> completed | failed | needs attention | expired
                                         -> paused (new tickets) | queued (retry later)
             resuming -> resuming (a lapsed lease claimed again); paused -> expired;
-            needs attention -> queued (a person resolved it) | failed (a person stopped it)
+            needs attention -> queued (a person resolved it; starting when it never paused)
+                             | failed (a person stopped it)
     ticket: pending -> approved | rejected | expired | superseded
 """
 
@@ -54,7 +56,7 @@ RUN_TRANSITIONS: dict[str, frozenset[str]] = {
             RunStatus.EXPIRED,
         }
     ),
-    RunStatus.NEEDS_ATTENTION: frozenset({RunStatus.QUEUED, RunStatus.FAILED}),
+    RunStatus.NEEDS_ATTENTION: frozenset({RunStatus.QUEUED, RunStatus.STARTING, RunStatus.FAILED}),
     RunStatus.COMPLETED: frozenset(),
     RunStatus.FAILED: frozenset(),
     RunStatus.EXPIRED: frozenset(),

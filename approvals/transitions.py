@@ -7,7 +7,8 @@ win: the caller learns from the count it gets back. The callers add their own co
 lease a worker holds, a ticket's expiry) and write the audit event and live hint that go with
 the move, in the same transaction.
 
-    run:    starting (started over the API, claimed by a worker) -> paused | completed | failed
+    run:    (created starting: create_run)
+            starting (started over the API, claimed by a worker) -> paused | completed | failed
                                                                      | needs attention
             starting -> starting (claimed; a lapsed lease cleared by the reaper or claimed again)
             paused -> awaiting caller (a caller's run, all decided) -> paused (new tickets)
@@ -107,6 +108,12 @@ def move_tickets(tickets: QuerySet[Ticket], *, to: str, **fields) -> int:
     Raises TransitionError when no status may move to `to`.
     """
     return tickets.filter(status__in=_sources(TICKET_TRANSITIONS, to)).update(status=to, **fields)
+
+
+def create_run(**fields) -> Run:
+    """A new run, as every run is born: starting. One handed over already paused (pause_run, a
+    caller's submission) moves on to paused in the same transaction, as a started run does."""
+    return Run.objects.create(status=RunStatus.STARTING, **fields)
 
 
 def supersede_pending(run: Run) -> int:

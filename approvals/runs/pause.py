@@ -107,7 +107,7 @@ def store_pause(
     with transaction.atomic():
         # Created starting, then moved to paused by the one function that stores a run's first
         # pause, as a run the worker started is (nobody sees the row before the commit).
-        run = Run.objects.create(
+        run = transitions.create_run(
             tenant=tenant,
             agent_key=agent_key,
             agent_version=agent_version,
@@ -121,7 +121,6 @@ def store_pause(
             session_id=session.session_id,
             session_location=session.location,
             executor=executor,
-            status=RunStatus.STARTING,
             created_at=now,
             updated_at=now,
         )

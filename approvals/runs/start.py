@@ -35,7 +35,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from approvals import members
+from approvals import members, transitions
 from approvals.audit import chain
 from approvals.core import crypto
 from approvals.core.errors import DomainError, ForbiddenError
@@ -166,7 +166,7 @@ def start_run(
     state_json, payload = _request_payload(spec, run_input, context)
     now = timezone.now()
     with transaction.atomic():
-        run = Run.objects.create(
+        run = transitions.create_run(
             tenant=tenant,
             agent_key=agent_key,
             agent_version=agent_version,
@@ -180,7 +180,6 @@ def start_run(
             session_id=session.session_id,
             session_location=session.location,
             executor=RunExecutor.CONSOLE,
-            status=RunStatus.STARTING,
             created_at=now,
             updated_at=now,
         )

@@ -7,11 +7,14 @@ STAMP := $(VENV)/.installed-stamp
 .PHONY: install run test faults lint format migrate seed worker clean
 
 CLIENT := clients/python
+EXAMPLE_AGENT := examples/release-agent
 
-# The console with its test tools, and the API client package (editable) its tests import.
-$(STAMP): pyproject.toml $(CLIENT)/pyproject.toml
+# The console with its test tools, the API client package (editable) its tests import, and the
+# example agent package that registers itself through the approvals.agents entry point.
+$(STAMP): pyproject.toml $(CLIENT)/pyproject.toml $(EXAMPLE_AGENT)/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test]' -e ./$(CLIENT)
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test]' -e ./$(CLIENT) \
+		-e ./$(EXAMPLE_AGENT)
 	touch $(STAMP)
 
 install: $(STAMP)

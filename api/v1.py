@@ -14,7 +14,7 @@ from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 from ninja import NinjaAPI, Path, Query
 
-from api import errors, services, tokens, waiting
+from api import errors, tokens, waiting
 from api.auth import TokenAuth
 from api.errors import ApiError
 from api.models import ApiToken, Scope
@@ -42,8 +42,11 @@ from api.schemas import (
     tickets_for_shaping,
 )
 from approvals.core.pagination import BadCursor, after_descending
+from approvals.core.signatures import decision_public_keys
 from approvals.decisions import decide
 from approvals.models import Run, RunExecutor, RunStatus, Ticket
+from approvals.runs import remote
+from approvals.runs.start import start_run as start_agent_run
 
 api = NinjaAPI(
     title="Approval console API",
@@ -119,20 +122,17 @@ def _page(queryset, cursor: str | None, limit: int):
 def _full_run(run: Run) -> dict[str, Any]:
     decisions: list[dict[str, Any]] = []
     if run.executor == RunExecutor.CALLER and run.status == RunStatus.AWAITING_CALLER:
-        signed = services.find("approvals.runs.remote", "signed_decisions")
-        if signed is not None:
-            decisions = signed(run)
+        decisions = remote.signed_decisions(run)
     return run_json(run, decisions=decisions)
 
 
 # --- keys ------------------------------------------------------------------------------------
 
 
-@api.get("/keys", response={200: KeysOut, 501: ErrorOut, 503: ErrorOut}, tags=["keys"])
+@api.get("/keys", response={200: KeysOut, 503: ErrorOut}, tags=["keys"])
 def keys(request: HttpRequest):
     """The public keys that sign decisions (Ed25519). No token needed."""
-    public_keys = services.require("approvals.core.signatures", "decision_public_keys")
-    return {"keys": public_keys()}
+    return {"keys": decision_public_keys()}
 
 
 # --- runs ------------------------------------------------------------------------------------
@@ -185,14 +185,15 @@ def get_run(
 @api.post(
     "/runs",
     auth=TokenAuth(Scope.RUNS_WRITE),
-    response=answers({202: RunOut}, 400, 404, 409, 501),
+    response=answers({202: RunOut}, 400, 409),
     tags=["runs"],
 )
 def start_run(request: HttpRequest, response: HttpResponse, body: StartRunIn):
-    """Start a registered agent in a worker (scope runs:write): 202 with the run, starting."""
+    """Start a registered agent in a worker, never in the request (scope runs:write): 202 with
+    the run, starting, and its Location. An agent or version not deployed here answers 400, an
+    agent key registered twice 409, a context that holds a secret or cannot be stored 400."""
     token = _token(request)
-    start = services.require("approvals.runs.start", "start_run")
-    run = start(
+    run = start_agent_run(
         tenant=token.tenant,
         agent_key=body.agent,
         agent_version=body.version,
@@ -201,6 +202,7 @@ def start_run(request: HttpRequest, response: HttpResponse, body: StartRunIn):
         session_id=body.session_id,
         context=body.context,
         title=body.title,
+        via=tokens.via(token),
     )
     response["Location"] = absolute(f"/api/v1/runs/{run.pk}")
     return 202, _full_run(_run_of(token, run.pk))
@@ -209,15 +211,14 @@ def start_run(request: HttpRequest, response: HttpResponse, body: StartRunIn):
 @api.post(
     "/runs/paused",
     auth=TokenAuth(Scope.RUNS_WRITE),
-    response=answers({201: RunOut}, 400, 404, 409, 501),
+    response=answers({201: RunOut}, 400, 404, 409),
     tags=["runs"],
 )
 def submit_paused(request: HttpRequest, response: HttpResponse, body: PausedRunIn):
     """Hand over a paused run the caller resumes itself (scope runs:write): 201 with the run
     and its tickets."""
     token = _token(request)
-    submit = services.require("approvals.runs.remote", "submit_paused")
-    run = submit(
+    run = remote.submit_paused(
         tenant=token.tenant,
         agent_key=body.agent,
         agent_version=body.version,
@@ -234,15 +235,14 @@ def submit_paused(request: HttpRequest, response: HttpResponse, body: PausedRunI
 @api.post(
     "/runs/{int:id}/outcome",
     auth=TokenAuth(Scope.RUNS_WRITE),
-    response=answers({200: RunOut}, 400, 404, 409, 501),
+    response=answers({200: RunOut}, 400, 404, 409),
     tags=["runs"],
 )
 def report_outcome(request: HttpRequest, body: OutcomeIn, id: int = ID):
     """A caller's run reports how it ended, or its next pause (scope runs:write)."""
     token = _token(request)
     run = _run_of(token, id)
-    report = services.require("approvals.runs.remote", "report_outcome")
-    report(
+    remote.report_outcome(
         run,
         status=body.status,
         output=body.output,

@@ -14,10 +14,11 @@ class ApprovalsConfig(AppConfig):
         from approvals.audit import sign_ins  # noqa: F401  (connects the sign-in receivers)
         from approvals.execution import queue
         from approvals.live import memberships  # noqa: F401  (connects the membership receivers)
-        from approvals.runs import resume
+        from approvals.runs import resume, start
 
-        # The queue's task runs the resume, which imports the queue: handed over, not imported.
-        queue.serve(resume.resume_by_id)
+        # The queue's tasks run the resume and the start, which import the queue: handed over,
+        # not imported.
+        queue.serve(resume=resume.resume_by_id, start=start.start_by_id)
 
         if not settings.OPENAI_API_KEY:
             # Without a key the SDK would try, and fail, to export traces on every run.

@@ -7,15 +7,18 @@ win: the caller learns from the count it gets back. The callers add their own co
 lease a worker holds, a ticket's expiry) and write the audit event and live hint that go with
 the move, in the same transaction.
 
-    run:    starting (started over the API, claimed by a worker) -> paused | completed | failed
+    run:    (created starting: create_run)
+            starting (started over the API, claimed by a worker) -> paused | completed | failed
                                                                      | needs attention
+            starting -> starting (claimed; a lapsed lease cleared by the reaper or claimed again)
             paused -> awaiting caller (a caller's run, all decided) -> paused (new tickets)
                                                                      | completed | failed | expired
             paused -> failed (its caller gave up)
             paused -> queued -> resuming -> completed | failed | needs attention | expired
                                         -> paused (new tickets) | queued (retry later)
             resuming -> resuming (a lapsed lease claimed again); paused -> expired;
-            needs attention -> queued (a person resolved it) | failed (a person stopped it)
+            needs attention -> queued (a person resolved it; starting when it never paused)
+                             | failed (a person stopped it)
     ticket: pending -> approved | rejected | expired | superseded
 """
 
@@ -54,7 +57,7 @@ RUN_TRANSITIONS: dict[str, frozenset[str]] = {
             RunStatus.EXPIRED,
         }
     ),
-    RunStatus.NEEDS_ATTENTION: frozenset({RunStatus.QUEUED, RunStatus.FAILED}),
+    RunStatus.NEEDS_ATTENTION: frozenset({RunStatus.QUEUED, RunStatus.STARTING, RunStatus.FAILED}),
     RunStatus.COMPLETED: frozenset(),
     RunStatus.FAILED: frozenset(),
     RunStatus.EXPIRED: frozenset(),
@@ -105,6 +108,12 @@ def move_tickets(tickets: QuerySet[Ticket], *, to: str, **fields) -> int:
     Raises TransitionError when no status may move to `to`.
     """
     return tickets.filter(status__in=_sources(TICKET_TRANSITIONS, to)).update(status=to, **fields)
+
+
+def create_run(**fields) -> Run:
+    """A new run, as every run is born: starting. One handed over already paused (pause_run, a
+    caller's submission) moves on to paused in the same transaction, as a started run does."""
+    return Run.objects.create(status=RunStatus.STARTING, **fields)
 
 
 def supersede_pending(run: Run) -> int:

@@ -33,6 +33,9 @@ class Action:
 
 
 _ACTIONS = [
+    # A run the console runs, started over the API or a command: waiting for a worker.
+    Action("run.started", "Started: waiting for a worker", RUN_CHANGED),
+    Action("run.starting", "Worker running the agent", RUN_CHANGED),
     Action("run.paused", "Paused for approval", RUN_CHANGED),
     Action("ticket.created", "Approval requested", TICKET_CREATED, notify="ticket.created"),
     Action("ticket.approved", "Approved", TICKET_DECIDED, notify="ticket.decided"),

@@ -1,10 +1,10 @@
-"""The resume queue: a run whose tickets are all decided is queued, and its resume task enqueued in
-the same transaction.
+"""The run queue: a run whose tickets are all decided is queued, and its resume task enqueued in
+the same transaction; a run started over the API or a command gets its start task the same way.
 
-The task's work is the resume (approvals.runs.resume), which sits above this module: a resumed
-run that pauses again opens tickets, and their automatic decisions queue it here. So the resume
-is handed to this module when the app is ready (ApprovalsConfig.ready calls serve()), and the
-imports point one way.
+The tasks' work is the resume (approvals.runs.resume) and the start (approvals.runs.start),
+which sit above this module: a resumed run that pauses again opens tickets, and their automatic
+decisions queue it here. So both are handed to this module when the app is ready
+(ApprovalsConfig.ready calls serve()), and the imports point one way.
 """
 
 from __future__ import annotations
@@ -27,20 +27,38 @@ from approvals.models import (
 
 WAKE_CHANNEL = "approvals_resume"
 
-_resumers: list[Callable[[int], str]] = []
+_served: dict[str, Callable[[int], str]] = {}
 
 
-def serve(resume: Callable[[int], str]) -> None:
-    """Set the function resume_run_task runs (run id in, the run's status out)."""
-    _resumers[:] = [resume]
+def serve(*, resume: Callable[[int], str], start: Callable[[int], str]) -> None:
+    """Set the functions the tasks run (run id in, the run's status out): the resume
+    (runs.resume) and the start of a run the console runs (runs.start)."""
+    _served.clear()
+    _served.update(resume=resume, start=start)
+
+
+def _work(name: str) -> Callable[[int], str]:
+    if name not in _served:
+        raise RuntimeError(f"no {name} is served: the approvals app is not ready")
+    return _served[name]
 
 
 @task()
 def resume_run_task(run_id: int) -> str:
     """The worker's task for a queued run: a primitive id in, the resume does the rest."""
-    if not _resumers:
-        raise RuntimeError("no resume is served: the approvals app is not ready")
-    return _resumers[0](run_id)
+    return _work("resume")(run_id)
+
+
+@task()
+def start_run_task(run_id: int) -> str:
+    """The worker's task for a starting run: a primitive id in, the start does the rest."""
+    return _work("start")(run_id)
+
+
+def _wake() -> None:
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(f"NOTIFY {WAKE_CHANNEL}")
 
 
 def enqueue_resume(run_id: int) -> None:
@@ -51,9 +69,14 @@ def enqueue_resume(run_id: int) -> None:
     worker at once; a lost notification costs one poll interval, as the worker still polls.
     """
     resume_run_task.enqueue(run_id)
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute(f"NOTIFY {WAKE_CHANNEL}")
+    _wake()
+
+
+def enqueue_start(run_id: int) -> None:
+    """Queue the start of a run the console runs, in the caller's transaction, exactly as
+    enqueue_resume does (same database, NOTIFY on commit on PostgreSQL)."""
+    start_run_task.enqueue(run_id)
+    _wake()
 
 
 def queue_if_decided(run: Run, *, now, actor=None, actor_name: str = "") -> bool:

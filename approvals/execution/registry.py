@@ -1,16 +1,28 @@
-"""Which code can honour a run: settings.APPROVALS_AGENTS maps agent key -> version -> factory.
+"""Which code can honour a run: agent key -> version -> factory, from two places.
+
+- settings.APPROVALS_AGENTS, and
+- the Python entry points of group `approvals.agents` of the installed packages: the entry
+  point's name is the agent key, its object a mapping version -> entry, so a team ships its
+  agent as a package and installs it beside the console with no edit of the settings.
 
 An entry is the dotted path of a factory with no required arguments that returns the
 top-level agent, or a mapping with "factory" and optional "context_serializer" and
 "context_deserializer" paths. The deserializer is where runtime dependencies (clients,
 secrets from the environment) go back into the context at resume; they never sit in the blob.
+
+A key is registered in one place only: a key both in the setting and in an entry point (or in
+two packages' entry points) is a conflict, and that agent is refused with a sentence naming
+both places (AgentConflictError) rather than one of them silently winning; the other agents are
+not affected. The entry points are read once per process (installed packages do not change
+while it runs); forget() clears that, and every cache of this module, for tests.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from importlib import metadata
 from typing import Any
 
 from agents.run_state import CURRENT_SCHEMA_VERSION, SUPPORTED_SCHEMA_VERSIONS
@@ -19,9 +31,22 @@ from django.core.signals import setting_changed
 from django.dispatch import receiver
 from django.utils.module_loading import import_string
 
+from approvals.core.errors import DomainError
 
-class UnknownAgentError(LookupError):
-    pass
+ENTRY_POINT_GROUP = "approvals.agents"
+SETTING = "APPROVALS_AGENTS"
+
+
+class UnknownAgentError(DomainError, LookupError):
+    """No deployed code for this agent key and version."""
+
+    status = 400
+
+
+class AgentConflictError(UnknownAgentError):
+    """The agent key is registered in two places, so neither is used."""
+
+    status = 409
 
 
 @dataclass(frozen=True)
@@ -36,6 +61,15 @@ class AgentSpec:
         return self.factory()
 
 
+@dataclass(frozen=True)
+class _Source:
+    """Where an agent key's versions come from, or why they cannot be read."""
+
+    origin: str
+    versions: Mapping[str, Any] | None = None
+    problem: str = ""
+
+
 def _load(path: str | None, what: str) -> Callable | None:
     if not path:
         return None
@@ -45,10 +79,68 @@ def _load(path: str | None, what: str) -> Callable | None:
         raise UnknownAgentError(f"{what} {path!r} cannot be imported: {error}") from None
 
 
+@functools.cache
+def _entry_point_sources() -> dict[str, tuple[_Source, ...]]:
+    """The agents the installed packages register, by key; read once per process."""
+    found: dict[str, list[_Source]] = {}
+    seen: set[tuple[str, str, str]] = set()
+    for point in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        package = point.dist.name if point.dist is not None else ""
+        if (point.name, point.value, package) in seen:
+            continue
+        seen.add((point.name, point.value, package))
+        origin = f"entry point {point.name} = {point.value}" + (
+            f" of package {package}" if package else ""
+        )
+        try:
+            versions = point.load()
+        except Exception as error:
+            source = _Source(origin, problem=f"cannot be loaded ({type(error).__name__}: {error})")
+        else:
+            if isinstance(versions, Mapping):
+                source = _Source(origin, versions={str(v): e for v, e in versions.items()})
+            else:
+                source = _Source(origin, problem="is not a mapping of version to factory")
+        found.setdefault(point.name, []).append(source)
+    return {key: tuple(sources) for key, sources in found.items()}
+
+
+def _sources(agent_key: str) -> list[_Source]:
+    sources = []
+    if agent_key in settings.APPROVALS_AGENTS:
+        sources.append(_Source(SETTING, versions=settings.APPROVALS_AGENTS[agent_key]))
+    sources += _entry_point_sources().get(agent_key, ())
+    return sources
+
+
+def agent_keys() -> list[str]:
+    """Every registered agent key, from the setting and the entry points."""
+    return sorted(set(settings.APPROVALS_AGENTS) | set(_entry_point_sources()))
+
+
+def versions_of(agent_key: str) -> Mapping[str, Any]:
+    """The agent's versions -> entries. Raises UnknownAgentError (no such key, or its entry
+    point cannot be loaded) or AgentConflictError (registered in two places)."""
+    sources = _sources(agent_key)
+    if not sources:
+        raise UnknownAgentError(
+            f"agent {agent_key!r} is not registered (neither in {SETTING} nor by an "
+            f"{ENTRY_POINT_GROUP} entry point)"
+        )
+    if len(sources) > 1:
+        raise AgentConflictError(
+            f"agent {agent_key!r} is registered twice ({' and '.join(s.origin for s in sources)}); "
+            "remove one of them, the console will not guess which to run"
+        )
+    source = sources[0]
+    if source.versions is None:
+        raise UnknownAgentError(f"agent {agent_key!r}: {source.origin} {source.problem}")
+    return source.versions
+
+
 def get_spec(agent_key: str, agent_version: str) -> AgentSpec:
-    versions = settings.APPROVALS_AGENTS.get(agent_key)
-    if versions is None:
-        raise UnknownAgentError(f"agent {agent_key!r} is not registered in APPROVALS_AGENTS")
+    """The code of a deployed agent version. Raises UnknownAgentError (or AgentConflictError)."""
+    versions = versions_of(agent_key)
     entry = versions.get(str(agent_version))
     if entry is None:
         known = ", ".join(sorted(versions)) or "none"
@@ -57,6 +149,11 @@ def get_spec(agent_key: str, agent_version: str) -> AgentSpec:
         )
     if isinstance(entry, str):
         entry = {"factory": entry}
+    if not isinstance(entry, Mapping):
+        raise UnknownAgentError(
+            f"agent {agent_key!r} version {agent_version!r} is neither a factory path nor a "
+            "mapping with a factory"
+        )
     factory = _load(entry.get("factory"), "agent factory")
     if factory is None:
         raise UnknownAgentError(f"agent {agent_key!r} version {agent_version!r} has no factory")
@@ -105,7 +202,11 @@ def tool_names() -> tuple[str, ...]:
     scanning tickets.
     """
     names: set[str] = set()
-    for key, versions in settings.APPROVALS_AGENTS.items():
+    for key in agent_keys():
+        try:
+            versions = versions_of(key)
+        except UnknownAgentError:
+            continue
         for version in versions:
             try:
                 agent = get_spec(key, version).build()
@@ -155,9 +256,15 @@ def tool_schema(agent_key: str, agent_version: str, tool_name: str) -> dict | No
     return tool.params_json_schema if tool is not None else None
 
 
+def forget() -> None:
+    """Read the entry points again and forget every tool found: deployed versions never change
+    while a process runs, except in a test that changes them."""
+    _entry_point_sources.cache_clear()
+    tool_names.cache_clear()
+    tool_schema.cache_clear()
+
+
 @receiver(setting_changed)
 def _forget_agents(*, setting: str, **kwargs) -> None:
-    # Deployed versions never change, except when a test changes the setting itself.
-    if setting == "APPROVALS_AGENTS":
-        tool_names.cache_clear()
-        tool_schema.cache_clear()
+    if setting == SETTING:
+        forget()

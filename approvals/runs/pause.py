@@ -1,7 +1,8 @@
 """Pausing: the agent's code hands over a paused run; the console stores it and opens its tickets.
 
-store_pause and store_next_pause are the one way a pause is stored, whoever holds the agent:
-pause_run and the worker's resume for the console's runs, runs.remote for a caller's.
+store_first_pause and store_next_pause are the one way a pause is stored, whoever holds the
+agent: pause_run, a run the worker started (runs.start) and the worker's resume for the
+console's runs, runs.remote for a caller's.
 """
 
 from __future__ import annotations
@@ -97,14 +98,16 @@ def store_pause(
     executor: str = RunExecutor.CONSOLE,
     detail: dict | None = None,
 ) -> Run:
-    """The one way a paused run is first stored, whoever holds the agent (pause_run, and
-    runs.remote for a caller's run): the Run row, its state sealed as generation 1, audit event
-    run.paused (detail merged in), one ticket per call (decisions.tickets), and after commit
-    signals.run_paused. One transaction; the state must already be checked.
+    """A paused run handed over whole, whoever holds the agent (pause_run, and runs.remote for
+    a caller's run): the Run row, then store_first_pause (its state sealed as generation 1,
+    audit event run.paused with detail merged in, one ticket per call, signals.run_paused after
+    commit). One transaction; the state must already be checked.
     """
     now = timezone.now()
     with transaction.atomic():
-        run = Run.objects.create(
+        # Created starting, then moved to paused by the one function that stores a run's first
+        # pause, as a run the worker started is (nobody sees the row before the commit).
+        run = transitions.create_run(
             tenant=tenant,
             agent_key=agent_key,
             agent_version=agent_version,
@@ -121,27 +124,77 @@ def store_pause(
             created_at=now,
             updated_at=now,
         )
-        # The blob's associated data names the run, so the row must exist before sealing.
-        state.seal_state(run, payload, generation=1)
-        run.save(update_fields=["state_key_id", "state_nonce", "state_ciphertext"])
-        chain.append(
-            tenant_id=tenant.pk,
-            action="run.paused",
-            actor=requested_by,
-            run_id=run.pk,
-            outcome=RunStatus.PAUSED,
-            detail={
-                "agent": agent_key,
-                "version": agent_version,
-                "schema": run.schema_version,
-                "tickets": len(calls),
-                "session": session.backend or "none",
-                **(detail or {}),
-            },
+        store_first_pause(
+            run,
+            state_json=state_json,
+            payload=payload,
+            calls=calls,
+            requested_by=requested_by,
+            detail=detail,
         )
-        tickets.open_tickets(run, calls, requested_by=requested_by, now=now, resumed=False)
-        signals.send_on_commit(signals.run_paused, run=run)
     return run
+
+
+def store_first_pause(
+    run: Run,
+    *,
+    state_json: dict,
+    payload: bytes,
+    calls: list[PendingCall],
+    requested_by,
+    actor_name: str = "",
+    detail: dict | None = None,
+) -> bool:
+    """The one way a run's first pause is stored: a new row of pause_run or runs.remote
+    (store_pause), or a run the worker started (runs.start) that paused. The run is starting
+    and held by whoever calls (a lease, or a row nobody else sees yet): its state sealed as
+    generation 1, the run moved to paused (lease cleared), audit event run.paused (detail merged
+    in), one ticket per call (decisions.tickets), and after commit signals.run_paused.
+
+    Runs in the caller's transaction; the state must already be checked. Returns False, having
+    written nothing, when the run is no longer held as the caller saw it.
+    """
+    now = timezone.now()
+    held = Run.objects.filter(
+        pk=run.pk, status=RunStatus.STARTING, lease_owner=run.lease_owner, attempts=run.attempts
+    )
+    state.seal_state(run, payload, generation=1)
+    schema_version = str(state_json.get("$schemaVersion", ""))
+    moved = transitions.move_runs(
+        held,
+        to=RunStatus.PAUSED,
+        **state.sealed_fields(run),
+        schema_version=schema_version,
+        status_reason="",
+        lease_owner="",
+        lease_expires_at=None,
+        updated_at=now,
+    )
+    if not moved:
+        return False
+    run.refresh_from_db(
+        fields=["status", "status_reason", "lease_owner", "lease_expires_at", "updated_at"]
+    )
+    run.schema_version = schema_version
+    chain.append(
+        tenant_id=run.tenant_id,
+        action="run.paused",
+        actor=requested_by if not actor_name else None,
+        actor_name=actor_name,
+        run_id=run.pk,
+        outcome=RunStatus.PAUSED,
+        detail={
+            "agent": run.agent_key,
+            "version": run.agent_version,
+            "schema": schema_version,
+            "tickets": len(calls),
+            "session": run.session_backend or "none",
+            **(detail or {}),
+        },
+    )
+    tickets.open_tickets(run, calls, requested_by=requested_by, now=now, resumed=False)
+    signals.send_on_commit(signals.run_paused, run=run)
+    return True
 
 
 def store_next_pause(

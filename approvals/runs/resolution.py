@@ -35,7 +35,7 @@ def resolve(run: Run, *, user, resolution: str, note: str = "") -> Run:
     """An admin settles a run that needs attention.
 
     "happened": the in-doubt effects are recorded as done (the tool will not run them again)
-    and the run is queued to finish; "retry": the in-doubt claims are released so the effects
+    and the run is queued to finish (a run that never paused starts again from its input); "retry": the in-doubt claims are released so the effects
     run again, and the run is queued; "abandon": the run ends as failed.
     Side effects, in one transaction: ledger rows, the run's status, a resume task when queued,
     audit event run.resolved; after commit, live hints. Raises ResolutionError, writing nothing.
@@ -76,6 +76,18 @@ def resolve(run: Run, *, user, resolution: str, note: str = "") -> Run:
                 finished_at=now,
                 updated_at=now,
             )
+        elif locked.state_generation == 0:
+            # It never paused: its sealed start request is all there is, so it starts again.
+            transitions.move_runs(
+                Run.objects.filter(pk=locked.pk),
+                to=RunStatus.STARTING,
+                status_reason="",
+                lease_owner="",
+                lease_expires_at=None,
+                attempts=0,
+                updated_at=now,
+            )
+            queue.enqueue_start(locked.pk)
         else:
             transitions.move_runs(
                 Run.objects.filter(pk=locked.pk),

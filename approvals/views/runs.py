@@ -146,7 +146,13 @@ def run_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
         # A caller's run is resumed by its caller's process, never by the console's worker.
         "caller": run.executor == RunExecutor.CALLER,
         "live": run.status
-        in {RunStatus.QUEUED, RunStatus.RESUMING, RunStatus.PAUSED, RunStatus.AWAITING_CALLER},
+        in {
+            RunStatus.STARTING,
+            RunStatus.QUEUED,
+            RunStatus.RESUMING,
+            RunStatus.PAUSED,
+            RunStatus.AWAITING_CALLER,
+        },
     }
     template = "approvals/run.html"
     if request.htmx and request.htmx.target == "run-live":

@@ -7,9 +7,10 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from api import services, tokens, waiting
+from api import tokens, waiting
 from api.models import ApiToken
 from approvals import transitions
+from approvals.core.signatures import decision_public_keys
 from approvals.models import AuditEvent, Role, Run, RunStatus, Ticket, TicketStatus, TicketVote
 from approvals.policies.versions import save_policy
 from tests.support import TenantFactory, api_token, bearer, member, paused_run
@@ -494,66 +495,14 @@ def test_a_decision_body_that_does_not_fit_answers_422(world):
     assert Ticket.objects.get(pk=ticket.pk).status == TicketStatus.PENDING
 
 
-# --- services other parts of the console provide ------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("path", "body", "module", "name"),
-    [
-        (
-            "/runs",
-            {"agent": "release", "version": "1", "input": "hi"},
-            "approvals.runs.start",
-            "start_run",
-        ),
-        (
-            "/runs/paused",
-            {"agent": "release", "version": "1", "state": {}},
-            "approvals.runs.remote",
-            "submit_paused",
-        ),
-        (
-            "/runs/{run}/outcome",
-            {"status": "failed", "error": "gave up"},
-            "approvals.runs.remote",
-            "report_outcome",
-        ),
-    ],
-)
-def test_an_operation_whose_service_is_missing_answers_501(
-    world, monkeypatch, path, body, module, name
-):
-    tenant, people, run = world
-    _, secret = api_token(tenant, "runs:write")
-    monkeypatch.setattr(services, "find", lambda m, n: None)
-
-    response = call("POST", path.format(run=run.pk), secret, body=body)
-
-    assert response.status_code == 501
-    assert response.json() == {
-        "detail": f"This console does not offer this operation yet ({module}.{name} is missing).",
-        "code": "not_implemented",
-    }
-
-
-def test_keys_answer_501_while_signing_is_missing(db, monkeypatch):
-    monkeypatch.setattr(services, "find", lambda m, n: None)
-
-    response = Client().get(f"{API}/keys")
-
-    assert response.status_code == 501
-    assert response.json()["code"] == "not_implemented"
+# --- keys ----------------------------------------------------------------------------------------
 
 
 def test_keys_publish_the_decision_keys_without_a_token(db):
-    public_keys = services.find("approvals.core.signatures", "decision_public_keys")
-    if public_keys is None:
-        pytest.skip("approvals.core.signatures.decision_public_keys is not in this build yet")
-
     response = Client().get(f"{API}/keys")
 
     assert response.status_code == 200
     keys = response.json()["keys"]
-    assert keys == public_keys()
+    assert keys == decision_public_keys()
     assert [k["current"] for k in keys].count(True) == 1
     assert {k["algorithm"] for k in keys} == {"Ed25519"}

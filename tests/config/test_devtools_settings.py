@@ -72,7 +72,8 @@ def test_production_leaves_devtools_out_and_registers_no_demo_agent():
     assert seen == {
         "devtools_installed": False,
         "agents": {},
-        "release_factory_module": "agent 'release' is not registered in APPROVALS_AGENTS",
+        "release_factory_module": "agent 'release' is not registered (neither in APPROVALS_AGENTS "
+        "nor by an approvals.agents entry point)",
         "commands": dict.fromkeys(DEVTOOLS_COMMANDS),
     }
 

@@ -18,6 +18,7 @@ from approvals.models import (
     Ticket,
 )
 from approvals.runs.resume import resume
+from approvals.runs.start import start_run
 from tests.support import TenantFactory, caller_run, member, paused_run
 
 pytestmark = pytest.mark.django_db
@@ -345,3 +346,62 @@ def test_resolve_by_another_tenants_admin_is_404(client):
     assert response.status_code == 404
     assert Run.objects.get(pk=run.pk).status == RunStatus.NEEDS_ATTENTION
     assert IdempotencyRecord.objects.get(pk=record.pk).status == LedgerStatus.CLAIMED
+
+
+# --- a run the console runs ---------------------------------------------------------------------
+
+START_TASK_PATH = "approvals.execution.queue.start_run_task"
+
+
+def started_run(tenant) -> Run:
+    return start_run(
+        tenant=tenant,
+        agent_key="release-pkg",
+        agent_version="1",
+        input="Deploy 2026.07.25 to staging",
+        requested_by=None,
+    )
+
+
+def test_run_starting_says_a_worker_runs_the_agent_and_stays_live(client):
+    tenant = TenantFactory()
+    run = started_run(tenant)
+    client.force_login(member(tenant, Role.VIEWER))
+
+    response = client.get(run_url(run))
+
+    assert response.status_code == 200
+    assert response.context["live"] is True
+    assert [step["label"] for step in response.context["timeline"]] == [
+        "Started: waiting for a worker"
+    ]
+    assert "Starting: a worker runs the agent" in response.content.decode()
+
+
+def test_resolve_retry_of_a_start_in_doubt_starts_it_again(client):
+    tenant = TenantFactory()
+    run = started_run(tenant)
+    record = IdempotencyRecord.objects.create(
+        tenant=tenant,
+        key=idempotency_key(
+            tenant_id=tenant.pk,
+            approval=f"run:{run.pk}",
+            operation="deploy_release",
+            resource="2026.07.25@staging",
+        ),
+        run=run,
+        operation="deploy_release",
+        resource="2026.07.25@staging",
+        status=LedgerStatus.CLAIMED,
+        claimed_by="w1#1",
+    )
+    Run.objects.filter(pk=run.pk).update(status=RunStatus.NEEDS_ATTENTION, attempts=1)
+    client.force_login(member(tenant, Role.ADMIN))
+
+    client.post(resolve_url(run), {"resolution": "retry"})
+
+    run.refresh_from_db()
+    assert not IdempotencyRecord.objects.filter(pk=record.pk).exists()
+    assert (run.status, run.attempts, run.state_generation) == (RunStatus.STARTING, 0, 0)
+    assert DBTaskResult.objects.filter(task_path=START_TASK_PATH).count() == 2
+    assert resume_tasks(run) == 0

@@ -1,0 +1,277 @@
+"""The worker's hold on a run: one lease claim, heartbeat, outcome and release for both kinds of
+work the console's worker does on a run, starting it (runs.start) and resuming it (runs.resume).
+
+A claim is one conditional UPDATE (transitions.move_runs) that sets the lease owner, its expiry
+and attempts + 1, so a second delivery of the task, or a second worker, finds the run claimed
+and does nothing; a lease that lapsed (its worker died) may be claimed again. Every later write
+of the attempt is conditional on still owning the run (`owned`): an attempt whose lease passed
+to another worker stores nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import socket
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from agents import Runner
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.db import IntegrityError, connection, transaction
+from django.db.models import F, Q
+from django.utils import timezone
+
+from approvals import transitions
+from approvals.audit import chain
+from approvals.core.redaction import redact
+from approvals.execution import ledger
+from approvals.execution.sessions import SessionRef, reopen
+from approvals.execution.state import PauseError
+from approvals.live import hints
+from approvals.models import Run, RunExecutor, RunStatus
+from approvals.runs import checks
+
+logger = logging.getLogger(__name__)
+
+
+def worker_identity() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+@dataclass(frozen=True)
+class Work:
+    """One kind of work on a run: the rows it may claim, the status it holds them in, where a
+    release gives them back, and its audit action."""
+
+    name: str
+    waiting: str
+    holding: str
+    action: str
+
+
+# A queued run is resumed; a lapsed resume is claimed again.
+RESUME = Work("resume", waiting=RunStatus.QUEUED, holding=RunStatus.RESUMING, action="run.resuming")
+# A starting run without a lease is started; a lapsed start is claimed again. It stays starting
+# while held: the lease owner says whether a worker has it.
+START = Work("start", waiting=RunStatus.STARTING, holding=RunStatus.STARTING, action="run.starting")
+
+
+@dataclass
+class WorkOutcome:
+    run_id: int
+    status: str
+    reason: str = ""
+    effects: list[int] = field(default_factory=list)
+
+
+def claim(run_id: int, worker_id: str, work: Work) -> Run | None:
+    """Take the run for this worker, or None when it is not waiting for this work (another
+    delivery has it, it moved on, or it is a caller's run).
+
+    Side effects, in one transaction: the lease (owner, expiry, attempts + 1) and the work's
+    audit event with the attempt; a live hint after commit.
+    """
+    now = timezone.now()
+    lease = timedelta(seconds=settings.APPROVALS_LEASE_SECONDS)
+    waiting = Q(status=work.waiting)
+    if work.waiting == work.holding:
+        waiting &= Q(lease_owner="")
+    with transaction.atomic():
+        claimed = transitions.move_runs(
+            # A caller's run is resumed by its caller, never by a worker.
+            Run.objects.filter(pk=run_id, executor=RunExecutor.CONSOLE).filter(
+                waiting | Q(status=work.holding, lease_expires_at__lt=now)
+            ),
+            to=work.holding,
+            lease_owner=worker_id,
+            lease_expires_at=now + lease,
+            attempts=F("attempts") + 1,
+            updated_at=now,
+        )
+        if not claimed:
+            return None
+        run = Run.objects.select_related("tenant").get(pk=run_id)
+        chain.append(
+            tenant_id=run.tenant_id,
+            action=work.action,
+            actor_name=f"worker {worker_id}",
+            run_id=run.pk,
+            outcome=work.holding,
+            detail={"attempt": run.attempts},
+        )
+    hints.notify_on_commit(run.tenant_id, "run.changed", run=run.pk, status=work.holding)
+    return run
+
+
+def not_claimed(run_id: int) -> WorkOutcome:
+    current = Run.objects.filter(pk=run_id).values_list("status", flat=True).first()
+    return WorkOutcome(run_id, current or "missing", "not claimed: another delivery has it")
+
+
+def owned(run: Run):
+    """The run's row as long as this attempt still holds it."""
+    return Run.objects.filter(
+        pk=run.pk, status=run.status, lease_owner=run.lease_owner, attempts=run.attempts
+    )
+
+
+def _extend_lease(run: Run) -> bool:
+    until = timezone.now() + timedelta(seconds=settings.APPROVALS_LEASE_SECONDS)
+    try:
+        return bool(owned(run).update(lease_expires_at=until))
+    finally:
+        connection.close()
+
+
+def safe_reason(error: BaseException) -> str:
+    text = f"{type(error).__name__}: {error}"
+    return str(redact(text))[:1000]
+
+
+async def run_agent(run: Run, agent: Any, run_input: Any, *, context: Any = None) -> Any:
+    """Runner.run(agent, run_input) with the run's own session, renewing the lease while it runs.
+
+    run_input is a prompt or input items (a start) or a RunState with the decisions applied (a
+    resume). Raises checks.Unavailable when the session cannot be read: nothing ran then.
+    """
+    stop = asyncio.Event()
+
+    async def heartbeat() -> None:
+        interval = max(settings.APPROVALS_LEASE_SECONDS / 3, 0.5)
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(stop.wait(), timeout=interval)
+            except TimeoutError:
+                if not await sync_to_async(_extend_lease, thread_sensitive=False)(run):
+                    logger.warning("run %s: lease lost while the agent ran", run.pk)
+                    return
+
+    beat = asyncio.create_task(heartbeat())
+    try:
+        async with reopen(
+            SessionRef(run.session_backend, run.session_id, run.session_location)
+        ) as session:
+            if session is not None:
+                # Read before anything runs: an unreachable history must stop the run before a
+                # tool executes, not after.
+                try:
+                    await session.get_items(limit=1)
+                except Exception as error:
+                    raise checks.Unavailable(
+                        f"the conversation session ({run.session_backend}) cannot be read: "
+                        f"{safe_reason(error)}"
+                    ) from None
+            return await Runner.run(agent, run_input, context=context, session=session)
+    finally:
+        stop.set()
+        await beat
+
+
+def finish(run: Run, *, status: str, reason: str = "", final_output: str = "", action: str) -> bool:
+    """Store a terminal outcome if this attempt still owns the run."""
+    now = timezone.now()
+    with transaction.atomic():
+        stored = transitions.move_runs(
+            owned(run),
+            to=status,
+            status_reason=reason,
+            final_output=final_output,
+            lease_owner="",
+            lease_expires_at=None,
+            updated_at=now,
+            finished_at=now,
+        )
+        if not stored:
+            return False
+        transitions.supersede_pending(run)
+        chain.append(
+            tenant_id=run.tenant_id,
+            action=action,
+            actor_name=f"worker {run.lease_owner}",
+            run_id=run.pk,
+            outcome=status,
+            detail={"reason": reason} if reason else {},
+        )
+        hints.notify_on_commit(run.tenant_id, "run.changed", run=run.pk, status=status)
+    return True
+
+
+def release(run: Run, *, reason: str) -> bool:
+    """Give the run back untouched: a resume to queued, a start to starting without a lease;
+    the reaper gives it its task again after a lease."""
+    back = RunStatus.QUEUED if run.status == RunStatus.RESUMING else RunStatus.STARTING
+    with transaction.atomic():
+        released = transitions.move_runs(
+            owned(run),
+            to=back,
+            status_reason=reason,
+            lease_owner="",
+            lease_expires_at=None,
+            updated_at=timezone.now(),
+        )
+        if released:
+            chain.append(
+                tenant_id=run.tenant_id,
+                action="run.retry_later",
+                actor_name=f"worker {run.lease_owner}",
+                run_id=run.pk,
+                outcome=back,
+                detail={"reason": reason},
+            )
+            hints.notify_on_commit(run.tenant_id, "run.changed", run=run.pk, status=back)
+    return bool(released)
+
+
+def stopped(run: Run, scope: ledger.ResumeScope, error: Exception) -> WorkOutcome:
+    """The outcome of an attempt that raised before the agent finished: retry later (something
+    was unreachable), refused (a check), in doubt (an effect's outcome is unknown) or failed."""
+    if isinstance(error, checks.Unavailable):
+        reason = f"{error}; will try again"
+        back = RunStatus.QUEUED if run.status == RunStatus.RESUMING else RunStatus.STARTING
+        release(run, reason=reason)
+        return WorkOutcome(run.pk, back, reason, scope.effects)
+    if isinstance(error, checks.Refusal):
+        finish(run, status=error.status, reason=error.reason, action="run.refused")
+        return WorkOutcome(run.pk, error.status, error.reason, scope.effects)
+    if scope.in_doubt:
+        finish(run, status=RunStatus.NEEDS_ATTENTION, reason=scope.in_doubt, action="run.in_doubt")
+        return WorkOutcome(run.pk, RunStatus.NEEDS_ATTENTION, scope.in_doubt, scope.effects)
+    logger.error("run %s failed", run.pk, exc_info=error)
+    reason = safe_reason(error)
+    finish(run, status=RunStatus.FAILED, reason=reason, action="run.failed")
+    return WorkOutcome(run.pk, RunStatus.FAILED, reason, scope.effects)
+
+
+def settled(run: Run, scope: ledger.ResumeScope, result: Any, *, store_pause) -> WorkOutcome:
+    """Store what the agent did: paused again (store_pause(locked_run) in a transaction that
+    holds the owned row locked), completed with its final output, or in doubt."""
+    if scope.in_doubt:
+        # The SDK may have turned the ledger's error into a tool message; the run still stops.
+        finish(run, status=RunStatus.NEEDS_ATTENTION, reason=scope.in_doubt, action="run.in_doubt")
+        return WorkOutcome(run.pk, RunStatus.NEEDS_ATTENTION, scope.in_doubt, scope.effects)
+    if result.interruptions:
+        try:
+            with transaction.atomic():
+                locked = owned(run).select_for_update().first()
+                stored = locked is not None
+                if stored:
+                    store_pause(locked)
+        except (PauseError, IntegrityError) as error:
+            reason = safe_reason(error) if isinstance(error, IntegrityError) else str(error)
+            finish(run, status=RunStatus.FAILED, reason=reason, action="run.failed")
+            return WorkOutcome(run.pk, RunStatus.FAILED, reason, scope.effects)
+        status = RunStatus.PAUSED
+    else:
+        output = result.final_output
+        text = output if isinstance(output, str) else json.dumps(output, default=str)
+        stored = finish(run, status=RunStatus.COMPLETED, final_output=text, action="run.completed")
+        status = RunStatus.COMPLETED
+    if not stored:
+        logger.warning("run %s: outcome not stored, the lease had passed to another worker", run.pk)
+        return WorkOutcome(run.pk, "lease_lost", "another worker owns the run now", scope.effects)
+    return WorkOutcome(run.pk, status, "", scope.effects)

@@ -32,6 +32,7 @@ from django.dispatch import receiver
 from django.utils.module_loading import import_string
 
 from approvals.core.errors import DomainError
+from approvals.models import RunExecutor
 
 ENTRY_POINT_GROUP = "approvals.agents"
 SETTING = "APPROVALS_AGENTS"
@@ -178,12 +179,15 @@ def unsupported_schema(version: str) -> str:
 
 def resume_blocker(run: Any) -> str:
     """Why this console cannot resume the run, whatever is decided: its state's SDK schema
-    cannot be loaded, or its agent version is not deployed here; "" when it can.
+    cannot be loaded, or its agent version is not deployed here; "" when it can. A run its
+    caller holds resumes in the caller's program, which this console need not have: "".
 
     The worker refuses such a run (runs.checks.check_before_resume); the queue, the ticket and
     the edit page warn before anyone approves. No database query: the run's own fields and
     the settings.
     """
+    if run.executor == RunExecutor.CALLER:
+        return ""
     unsupported = unsupported_schema(run.schema_version)
     if unsupported:
         return unsupported

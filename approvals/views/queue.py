@@ -21,7 +21,6 @@ from approvals.execution import registry
 from approvals.forms.filters import QueueFilterForm
 from approvals.models import (
     Membership,
-    RunExecutor,
     Ticket,
     TicketStatus,
     TicketVote,
@@ -106,10 +105,7 @@ def _queue_row(ticket: Ticket, memberships: dict[int, Membership]) -> dict:
     flags = calls.read(ticket.arguments_json).flags
     # Nothing approved on a run this console cannot resume would run: it is flagged, and
     # decided on its own page, where the reason is shown.
-    # A run its caller holds resumes in the caller's program, whatever this console has.
-    blocker = (
-        registry.resume_blocker(ticket.run) if ticket.run.executor == RunExecutor.CONSOLE else ""
-    )
+    blocker = registry.resume_blocker(ticket.run)
     return {
         "ticket": ticket,
         "summary": presenters.summary(ticket.arguments_json),

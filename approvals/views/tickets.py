@@ -35,12 +35,10 @@ from approvals.views.access import HtmxHttpRequest
 
 
 def _resume_blocker(ticket: Ticket) -> str:
-    """Why approving the pending ticket would run nothing here; "" when it would run. A run its
-    caller holds resumes in the caller's program, which the console need not have installed."""
-    run = ticket.run
-    if not ticket.is_pending or run.executor == RunExecutor.CALLER:
+    """Why approving the pending ticket would run nothing here; "" when it would run."""
+    if not ticket.is_pending:
         return ""
-    return registry.resume_blocker(run)
+    return registry.resume_blocker(ticket.run)
 
 
 def ticket_context(request: HttpRequest, ticket: Ticket, membership: Membership) -> dict:

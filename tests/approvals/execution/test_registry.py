@@ -10,6 +10,7 @@ from agents import Agent
 from agents.run_state import CURRENT_SCHEMA_VERSION
 
 from approvals.execution import registry
+from approvals.models import RunExecutor
 
 GROUP = "approvals.agents"
 HERE = "tests.approvals.execution.test_registry"
@@ -90,8 +91,20 @@ def test_a_conflict_blocks_a_run_of_that_agent_with_the_reason(entry_points):
     class StoredRun:
         schema_version = CURRENT_SCHEMA_VERSION
         agent_key, agent_version = "release", "1"
+        executor = RunExecutor.CONSOLE
 
     assert registry.resume_blocker(StoredRun()).startswith("agent 'release' is registered twice")
+
+
+def test_a_callers_run_has_no_resume_blocker_whatever_is_deployed(entry_points):
+    """Its caller resumes it in its own program: nothing the console lacks stops approving it."""
+
+    class CallerRun:
+        schema_version = "0.0-unknown"
+        agent_key, agent_version = "not-deployed-here", "7"
+        executor = RunExecutor.CALLER
+
+    assert registry.resume_blocker(CallerRun()) == ""
 
 
 def test_an_entry_point_that_cannot_be_loaded_says_so(entry_points):

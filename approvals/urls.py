@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from approvals.views import audit, edit, policies, queue, runs, team, tenants, tickets
+from approvals.views import audit, edit, policies, queue, records, runs, team, tenants, tickets
 
 app_name = "approvals"
 
@@ -14,6 +14,12 @@ urlpatterns = [
     path("tickets/<int:pk>/comments/", team.ticket_comment, name="comment"),
     path("tickets/batch/", team.batch_decide, name="batch"),
     path("tickets/<int:pk>/edit/", edit.ticket_edit, name="edit"),
+    path("tickets/<int:pk>/record/", records.ticket_record, name="ticket-record"),
+    path(
+        "tickets/<int:pk>/record.<str:fmt>",
+        records.ticket_record_export,
+        name="ticket-record-export",
+    ),
     path("runs/<int:pk>/", runs.run_detail, name="run"),
     path("runs/<int:pk>/resolve/", runs.run_resolve, name="resolve"),
     path("audit/", audit.audit_history, name="audit"),

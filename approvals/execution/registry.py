@@ -4,13 +4,18 @@ An entry is the dotted path of a factory with no required arguments that returns
 top-level agent, or a mapping with "factory" and optional "context_serializer" and
 "context_deserializer" paths. The deserializer is where runtime dependencies (clients,
 secrets from the environment) go back into the context at resume; they never sit in the blob.
+
+A mapping may also say which arguments of a tool name what it acts on: "targets", tool name ->
+list of argument names (e.g. {"deploy_release": ["environment"]}). The ticket page compares a
+call with the last approved call for the same target (decisions.baseline); a tool left out
+follows the default rule there.
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from agents.run_state import CURRENT_SCHEMA_VERSION, SUPPORTED_SCHEMA_VERSIONS
@@ -31,6 +36,8 @@ class AgentSpec:
     factory: Callable[[], Any]
     context_serializer: Callable[[Any], dict] | None = None
     context_deserializer: Callable[[dict], Any] | None = None
+    # tool name -> the names of the arguments that identify what the call acts on
+    targets: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     def build(self):
         return self.factory()
@@ -43,6 +50,21 @@ def _load(path: str | None, what: str) -> Callable | None:
         return import_string(path)
     except ImportError as error:
         raise UnknownAgentError(f"{what} {path!r} cannot be imported: {error}") from None
+
+
+def _targets(raw: Any, where: str) -> dict[str, tuple[str, ...]]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict) or not all(
+        isinstance(tool, str)
+        and isinstance(names, list | tuple)
+        and all(isinstance(name, str) and name for name in names)
+        for tool, names in raw.items()
+    ):
+        raise UnknownAgentError(
+            f"{where}: 'targets' must map tool names to lists of argument names"
+        )
+    return {tool: tuple(names) for tool, names in raw.items()}
 
 
 def get_spec(agent_key: str, agent_version: str) -> AgentSpec:
@@ -66,6 +88,7 @@ def get_spec(agent_key: str, agent_version: str) -> AgentSpec:
         factory=factory,
         context_serializer=_load(entry.get("context_serializer"), "context serializer"),
         context_deserializer=_load(entry.get("context_deserializer"), "context deserializer"),
+        targets=_targets(entry.get("targets"), f"agent {agent_key!r} version {agent_version!r}"),
     )
 
 

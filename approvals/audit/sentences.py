@@ -33,6 +33,7 @@ FIELD_LABELS: dict[str, str] = {
     "tickets_moved": "pending tickets moved",
     "session_id": "session",
     "call_id": "tool call id",
+    "policy": "policy version",
     "expires_at": "expires at",
     "status_code": "HTTP status",
     "audit_event": "audit event",
@@ -50,6 +51,8 @@ FIELD_LABELS: dict[str, str] = {
 MAX_VALUE_CHARS = 500
 
 _PLURAL = re.compile(r"^(\s\S*?)\(s\)")
+# An ISO time as events store it (expires_at, window...): read as minutes, UTC.
+_ISO_TIME = re.compile(r"^(\d{4}-\d{2}-\d{2})T(\d{2}:\d{2})(:\d{2}(\.\d+)?)?(\+00:00|Z)$")
 
 
 @dataclass(frozen=True)
@@ -112,7 +115,8 @@ def shown(value: Any) -> str:
     elif isinstance(value, bool):
         text = "yes" if value else "no"
     elif isinstance(value, str):
-        text = value
+        moment = _ISO_TIME.match(value)
+        text = f"{moment[1]} {moment[2]} UTC" if moment else value
     elif isinstance(value, int | float):
         text = str(value)
     elif isinstance(value, list) and all(

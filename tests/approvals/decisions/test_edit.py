@@ -738,7 +738,10 @@ def test_the_diff_is_shown_wherever_the_decision_appears(client):
     assert "Approved: pre-authorised edit" in run_page
     assert "Pre-authorised by approver: edited from <a href" in run_page
     assert audit_page.count(diff) == 2
-    assert f"pre-authorised by approver, edited from ticket #{ticket.pk}" in audit_page
+    assert (
+        "approved by the pre-authorisation <strong>approver</strong> made when editing ticket "
+        f"#<strong>{ticket.pk}</strong>."
+    ) in audit_page
 
 
 @pytest.mark.slow

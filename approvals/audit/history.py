@@ -33,7 +33,7 @@ def filtered_events(
 
     The actor matches any part of the name, in any case; the text ("q") any part of the
     detail, the actor or the tool. search=False leaves those two out (history_page() bounds
-    them)."""
+    them for a page); the export reads every event they match, streamed."""
     events = AuditEvent.objects.filter(tenant_id__in=tenants.keys()).select_related("tenant")
     if filters.get("tenant"):
         events = events.filter(tenant__slug=filters["tenant"])
@@ -55,10 +55,13 @@ def filtered_events(
 
 
 def is_search(filters: dict) -> bool:
+    """Whether the filters hold a search (part of an actor's name, or text)."""
     return bool(filters.get("actor") or filters.get("q"))
 
 
 def searched(events: QuerySet[AuditEvent], filters: dict) -> QuerySet[AuditEvent]:
+    """The events whose actor holds the actor filter and whose detail, actor or tool holds the
+    text, in any case."""
     if filters.get("actor"):
         events = events.filter(actor_name__icontains=filters["actor"])
     if filters.get("q"):

@@ -2,7 +2,18 @@ from __future__ import annotations
 
 from django.urls import path
 
-from approvals.views import audit, edit, history, policies, queue, runs, team, tenants, tickets
+from approvals.views import (
+    audit,
+    edit,
+    history,
+    policies,
+    queue,
+    records,
+    runs,
+    team,
+    tenants,
+    tickets,
+)
 
 app_name = "approvals"
 
@@ -17,6 +28,12 @@ urlpatterns = [
     path("tickets/<int:pk>/comments/", team.ticket_comment, name="comment"),
     path("tickets/batch/", team.batch_decide, name="batch"),
     path("tickets/<int:pk>/edit/", edit.ticket_edit, name="edit"),
+    path("tickets/<int:pk>/record/", records.ticket_record, name="ticket-record"),
+    path(
+        "tickets/<int:pk>/record.<str:fmt>",
+        records.ticket_record_export,
+        name="ticket-record-export",
+    ),
     path("runs/", runs.run_list, name="runs"),
     path("runs/<int:pk>/", runs.run_detail, name="run"),
     path("runs/<int:pk>/resolve/", runs.run_resolve, name="resolve"),

@@ -247,9 +247,17 @@ if APPROVALS_ENV == "development":
                 "factory": "devtools.demo.build_release_agent",
                 "context_serializer": "devtools.demo.release_context_serializer",
                 "context_deserializer": "devtools.demo.release_context_deserializer",
+                # A deploy is compared with the last approved deploy to the same environment.
+                "targets": {"deploy_release": ["environment"]},
             }
         },
-        "invoice": {"1": "devtools.demo.build_invoice_agent"},
+        # Every invoice is its own: one is compared with the last invoice published.
+        "invoice": {
+            "1": {
+                "factory": "devtools.demo.build_invoice_agent",
+                "targets": {"publish_invoice": []},
+            }
+        },
     }
 
 APPROVALS_TICKET_TTL = timedelta(seconds=env_int("APPROVALS_TICKET_TTL_SECONDS", 86400, minimum=60))

@@ -9,7 +9,7 @@ vocabulary.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from approvals.models import RunStatus, TicketStatus
 
@@ -30,6 +30,12 @@ class Action:
     label: str
     live: str = ""  # the hint kind pages re-read on; "" sends none
     notify: str = ""  # the notification event (notifications.models.Event); "" notifies no one
+    # How the history says it: a format whose {fields} are the event's own (actor, ticket, run,
+    # tool, outcome) or keys of its detail (audit.sentences renders it, as text, escaped). ""
+    # reads as the generic sentence.
+    sentence: str = ""
+    # The filter's group; "" takes it from the name's prefix (AREAS).
+    area: str = ""
 
 
 _ACTIONS = [
@@ -102,6 +108,7 @@ _ACTIONS = [
     Action("auth.sign_in_failed", "Sign-in failed", "auth.sign_in_failed"),
     Action("auth.locked_out", "Sign-in locked out", "auth.locked_out"),
     Action("audit.exported", "History exported", "audit.exported"),
+    Action("audit.record_exported", "Decision record exported", "audit.exported"),
     # Delivered with its signed statement by the audit_checkpointed signal (approvals.signals),
     # not by the plain fan-out of audit events.
     Action(
@@ -133,7 +140,114 @@ _ACTIONS = [
     Action("email.retried", "Notification email retried", DELIVERY_CHANGED),
 ]
 
-ACTIONS: dict[str, Action] = {action.name: action for action in _ACTIONS}
+# The sentence column of the table, by action. Fields: {actor}, {ticket} ("ticket #12"), {run}
+# ("run #3"), {tool}, {outcome}, and any key of the event's detail; the detail keys a sentence
+# does not use are listed under it.
+SENTENCES: dict[str, str] = {
+    "run.paused": "{run} paused for approval: {tickets} call(s) waiting",
+    "ticket.created": "{actor} asked to run {tool} ({ticket})",
+    "ticket.approved": "{actor} approved {tool} on {ticket}",
+    "ticket.rejected": "{actor} rejected {tool} on {ticket}",
+    "ticket.edited": "{actor} rejected {tool} on {ticket} with corrected arguments, "
+    "pre-authorised for the agent's next call",
+    "ticket.preauthorised": "{tool} on {ticket} approved by the pre-authorisation "
+    "{preauthorised_by} made when editing ticket #{original_ticket}",
+    "ticket.expired": "{ticket} ({tool}) expired undecided",
+    "ticket.malformed": "{ticket} ({tool}) rejected: the call does not fit its tool",
+    "ticket.vote": "{actor} approved {tool} on {ticket}: {progress}",
+    "ticket.votes_invalidated": "Approvals by {voters} on {ticket} invalidated: "
+    "policy v{from} → v{to}",
+    "ticket.escalated": "{ticket} ({tool}) escalated to {group}",
+    "ticket.auto_approved": "{ticket} ({tool}) approved automatically by rule {rule}",
+    "ticket.auto_rejected": "{ticket} ({tool}) rejected automatically by rule {rule}",
+    "ticket.claimed": "{actor} said they are on {ticket}",
+    "ticket.released": "{actor} released their claim on {ticket}",
+    "ticket.commented": "{actor} commented on {ticket}: “{text}”",
+    "policy.changed": "{actor} changed the policy for {scope} to v{version}",
+    "policy.removed": "{actor} removed the policy v{removed} for {scope}",
+    "group.changed": "{actor} changed the approver group {group}",
+    "group.deleted": "{actor} deleted the approver group {group}",
+    "run.queued": "{run} queued for the worker",
+    "run.awaiting_caller": "{run} decided: waiting for its caller to resume it",
+    "run.resuming": "{actor} resuming {run}, attempt {attempt}",
+    "effect.done": "{actor} ran {tool} for {ticket} on {resource}",
+    "run.completed": "{run} completed",
+    "run.failed": "{run} failed: {reason}",
+    "run.refused": "{actor} refused to resume {run}: {reason}",
+    "run.in_doubt": "{run} waits for a person: an effect's outcome is in doubt",
+    "run.expired": "{run} expired",
+    "run.requeued": "{run} re-queued: {reason}",
+    "run.retry_later": "{run} waits to retry: {reason}",
+    "run.resolved": "{actor} resolved {run} as {resolution}",
+    "keys.rotated": "{actor} re-sealed {runs} run state(s) under key {key}",
+    "auth.sign_in_failed": "Sign-in failed for {actor}",
+    "auth.locked_out": "{actor} locked out after repeated failed sign-ins",
+    "audit.exported": "{actor} exported the audit history as {format}",
+    "audit.record_exported": "{actor} exported the decision record of {ticket} as {format}",
+    "audit.checkpointed": "{actor} signed a checkpoint of the chain at event #{seq}",
+    "session.cleared": "{actor} cleared session {session_id} in the {store} store: {items} item(s)",
+    "webhook.created": "{actor} created webhook #{endpoint} to {host}",
+    "webhook.changed": "{actor} changed webhook #{endpoint} to {host}",
+    "webhook.deleted": "{actor} deleted webhook #{endpoint} to {host}",
+    "webhook.delivered": "Webhook #{endpoint} received {event} (delivery #{delivery})",
+    "webhook.failed": "Webhook #{endpoint} did not receive {event} (delivery #{delivery})",
+    "webhook.retried": "{actor} retried delivery #{delivery} of {event} to webhook #{endpoint}",
+    "webhook.pinged": "{actor} sent a test event to webhook #{endpoint} ({host})",
+    "token.created": "{actor} created API token {name} ({prefix})",
+    "token.revoked": "{actor} revoked API token {name} ({prefix})",
+    "token.used": "{actor} used the API: {method} {path}",
+    "email.failed": "Email of {event} to {recipient} failed",
+    "email.retried": "{actor} retried the email of {event} to {recipient}",
+}
+
+# The filter's groups, in the order it shows them: the name's prefix -> area.
+AREAS: dict[str, str] = {
+    "ticket": "Tickets",
+    "run": "Runs",
+    "effect": "Runs",
+    "policy": "Policies",
+    "group": "Policies",
+    "member": "Members",
+    "membership": "Members",
+    "invite": "Members",
+    "invitation": "Members",
+    "session": "Sessions",
+    "token": "API",
+    "auth": "Sign-in",
+    "webhook": "Notifications",
+    "email": "Notifications",
+    "audit": "Audit log",
+    "keys": "Keys",
+}
+OTHER_AREA = "Other"
+
+
+def _area(action: Action) -> str:
+    return action.area or AREAS.get(action.name.split(".", 1)[0], OTHER_AREA)
+
+
+ACTIONS: dict[str, Action] = {
+    action.name: replace(
+        action,
+        sentence=action.sentence or SENTENCES.get(action.name, ""),
+        area=_area(action),
+    )
+    for action in _ACTIONS
+}
+
+
+def grouped() -> list[tuple[str, list[Action]]]:
+    """The actions by area, for the history's filter: areas in AREAS order (then Other), each
+    area's actions by label."""
+    order = list(dict.fromkeys([*AREAS.values(), OTHER_AREA]))
+    groups: dict[str, list[Action]] = {}
+    for action in ACTIONS.values():
+        groups.setdefault(action.area, []).append(action)
+    return [
+        (area, sorted(groups[area], key=lambda a: a.label))
+        for area in sorted(groups, key=lambda a: order.index(a) if a in order else len(order))
+    ]
+
 
 # Every outcome an event may record, for the history's filter.
 OUTCOMES: tuple[str, ...] = tuple(

@@ -7,23 +7,38 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 
 from django.core.cache import cache
 from django.db import transaction
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet, TextField
+from django.db.models.functions import Cast
 
 from approvals.audit.chain import ChainReport, append, verify_chain
+from approvals.audit.sentences import describe
+from approvals.core.pagination import decode, encode
 from approvals.models import AuditEvent, Tenant
 
+# A search (part of an actor's name, or words of the detail) reads at most this many events per
+# page, newest first, and then offers to search further back: a word that matches nothing never
+# scans the whole log.
+SEARCH_WINDOW = 5000
 
-def filtered_events(tenants: dict[int, Tenant], filters: dict) -> QuerySet[AuditEvent]:
-    """The events of these tenants that match the history's filters (a cleaned AuditFilterForm)."""
+
+def filtered_events(
+    tenants: dict[int, Tenant], filters: dict, *, search: bool = True
+) -> QuerySet[AuditEvent]:
+    """The events of these tenants that match the history's filters (a cleaned AuditFilterForm).
+
+    The actor matches any part of the name, in any case; the text ("q") any part of the
+    detail, the actor or the tool. search=False leaves those two out (history_page() bounds
+    them for a page); the export reads every event they match, streamed."""
     events = AuditEvent.objects.filter(tenant_id__in=tenants.keys()).select_related("tenant")
     if filters.get("tenant"):
         events = events.filter(tenant__slug=filters["tenant"])
-    if filters.get("actor"):
-        events = events.filter(actor_name=filters["actor"])
+    if search:
+        events = searched(events, filters)
     if filters.get("action"):
         events = events.filter(action=filters["action"])
     if filters.get("tool"):
@@ -37,6 +52,65 @@ def filtered_events(tenants: dict[int, Tenant], filters: dict) -> QuerySet[Audit
         end = datetime.combine(filters["until"] + timedelta(days=1), time.min, UTC)
         events = events.filter(created_at__lt=end)
     return events
+
+
+def is_search(filters: dict) -> bool:
+    """Whether the filters hold a search (part of an actor's name, or text)."""
+    return bool(filters.get("actor") or filters.get("q"))
+
+
+def searched(events: QuerySet[AuditEvent], filters: dict) -> QuerySet[AuditEvent]:
+    """The events whose actor holds the actor filter and whose detail, actor or tool holds the
+    text, in any case."""
+    if filters.get("actor"):
+        events = events.filter(actor_name__icontains=filters["actor"])
+    if filters.get("q"):
+        text = filters["q"]
+        events = events.annotate(detail_text=Cast("detail", TextField())).filter(
+            Q(detail_text__icontains=text)
+            | Q(actor_name__icontains=text)
+            | Q(tool_name__icontains=text)
+        )
+    return events
+
+
+@dataclass
+class HistoryPage:
+    rows: list[AuditEvent]
+    next_cursor: str | None
+    # A search that stopped at its window: when the oldest event it read was written (the next
+    # page goes on from there); None when it read everything it could match.
+    searched_back_to: datetime | None = None
+
+
+def history_page(
+    *, tenants: dict[int, Tenant], filters: dict, cursor: str | None, size: int
+) -> HistoryPage:
+    """One page of the history, newest first, after the keyset cursor.
+
+    Without a search: the filtered events, size + 1 read (one query). With one: the newest
+    SEARCH_WINDOW events of the other filters after the cursor bound the search (one query to
+    find the window's end, one for the page); a page that ends before the window does says how
+    far back it read and continues from there. Raises BadCursor for a broken cursor.
+    """
+    events = filtered_events(tenants, filters, search=False)
+    if cursor:
+        (before,) = decode(cursor, (int,))
+        events = events.filter(id__lt=before)
+    events = events.order_by("-id")
+    floor = None
+    if is_search(filters):
+        edge = list(events.values_list("id", "created_at")[SEARCH_WINDOW - 1 : SEARCH_WINDOW])
+        if edge:
+            floor = edge[0]
+            events = events.filter(id__gte=floor[0])
+        events = searched(events, filters)
+    rows = list(events[: size + 1])
+    if len(rows) > size:
+        return HistoryPage(rows[:size], encode([rows[size - 1].id]))
+    if floor is not None:
+        return HistoryPage(rows, encode([floor[0]]), searched_back_to=floor[1])
+    return HistoryPage(rows, None)
 
 
 def _chain_key(tenant: Tenant) -> str:
@@ -65,6 +139,7 @@ EXPORT_FIELDS = [
     "outcome",
     "detail",
     "hash",
+    "sentence",
 ]
 
 
@@ -83,6 +158,7 @@ def export_rows(events: QuerySet[AuditEvent]) -> Iterator[dict]:
             "outcome": event.outcome,
             "detail": event.detail,
             "hash": event.hash,
+            "sentence": describe(event).text,
         }
 
 

@@ -15,13 +15,18 @@ two packages' entry points) is a conflict, and that agent is refused with a sent
 both places (AgentConflictError) rather than one of them silently winning; the other agents are
 not affected. The entry points are read once per process (installed packages do not change
 while it runs); forget() clears that, and every cache of this module, for tests.
+
+A mapping may also say which arguments of a tool name what it acts on: "targets", tool name ->
+list of argument names (e.g. {"deploy_release": ["environment"]}). The ticket page compares a
+call with the last approved call for the same target (decisions.baseline); a tool left out
+follows the default rule there.
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
@@ -57,6 +62,8 @@ class AgentSpec:
     factory: Callable[[], Any]
     context_serializer: Callable[[Any], dict] | None = None
     context_deserializer: Callable[[dict], Any] | None = None
+    # tool name -> the names of the arguments that identify what the call acts on
+    targets: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     def build(self):
         return self.factory()
@@ -139,6 +146,21 @@ def versions_of(agent_key: str) -> Mapping[str, Any]:
     return source.versions
 
 
+def _targets(raw: Any, where: str) -> dict[str, tuple[str, ...]]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict) or not all(
+        isinstance(tool, str)
+        and isinstance(names, list | tuple)
+        and all(isinstance(name, str) and name for name in names)
+        for tool, names in raw.items()
+    ):
+        raise UnknownAgentError(
+            f"{where}: 'targets' must map tool names to lists of argument names"
+        )
+    return {tool: tuple(names) for tool, names in raw.items()}
+
+
 def get_spec(agent_key: str, agent_version: str) -> AgentSpec:
     """The code of a deployed agent version. Raises UnknownAgentError (or AgentConflictError)."""
     versions = versions_of(agent_key)
@@ -164,6 +186,7 @@ def get_spec(agent_key: str, agent_version: str) -> AgentSpec:
         factory=factory,
         context_serializer=_load(entry.get("context_serializer"), "context serializer"),
         context_deserializer=_load(entry.get("context_deserializer"), "context deserializer"),
+        targets=_targets(entry.get("targets"), f"agent {agent_key!r} version {agent_version!r}"),
     )
 
 

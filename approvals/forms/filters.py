@@ -62,6 +62,8 @@ class QueueFilterForm(_TenantFilterForm):
 
 class AuditFilterForm(_TenantFilterForm):
     actor = forms.CharField(required=False, max_length=150)
+    # Words of the detail (a session id, a release, a reason): see audit.history.history_page.
+    q = forms.CharField(required=False, max_length=200)
     action = forms.CharField(required=False, max_length=64)
     outcome = forms.CharField(required=False, max_length=64)
     since = forms.DateField(required=False)
@@ -75,6 +77,12 @@ class AuditFilterForm(_TenantFilterForm):
         value = self.cleaned_data["actor"]
         if value and not re.match(r"^[\w .:@+#-]{1,150}$", value):
             raise forms.ValidationError("That is not a valid actor name.")
+        return value
+
+    def clean_q(self) -> str:
+        value = " ".join(self.cleaned_data["q"].split())
+        if any(ord(c) < 32 or ord(c) == 127 for c in value):
+            raise forms.ValidationError("The search cannot hold control characters.")
         return value
 
     def clean_action(self) -> str:

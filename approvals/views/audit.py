@@ -17,8 +17,8 @@ from django.shortcuts import render
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
-from approvals.audit import actions, history
-from approvals.core.pagination import BadCursor, after_descending
+from approvals.audit import actions, history, sentences
+from approvals.core.pagination import BadCursor
 from approvals.forms.filters import AuditFilterForm
 from approvals.views import access
 from approvals.views.access import HtmxHttpRequest
@@ -64,12 +64,11 @@ def audit_history(request: HtmxHttpRequest) -> HttpResponse:
     page = None
     if form.is_valid():
         try:
-            page = after_descending(
-                history.filtered_events(tenants, form.cleaned_data),
-                ("id",),
-                form.cleaned_data["after"] or None,
-                (int,),
-                AUDIT_PAGE,
+            page = history.history_page(
+                tenants=tenants,
+                filters=form.cleaned_data,
+                cursor=form.cleaned_data["after"] or None,
+                size=AUDIT_PAGE,
             )
         except BadCursor as error:
             form.add_error("after", str(error))
@@ -80,13 +79,13 @@ def audit_history(request: HtmxHttpRequest) -> HttpResponse:
         # Small chains are verified inline; long ones load after the page (or come from cache).
         "chains": chains,
         "chains_pending": any(c["report"] is None for c in chains),
-        "actions": sorted(actions.ACTIONS),
+        "entries": [(e, sentences.describe(e)) for e in page.rows] if page else [],
+        "action_groups": actions.grouped(),
         "outcomes": actions.OUTCOMES,
         "next_query": access.with_query(request, after=page.next_cursor)
         if page and page.next_cursor
         else "",
         "export_query": access.with_query(request, after=""),
-        "labels": {name: action.label for name, action in actions.ACTIONS.items()},
     }
     template = "approvals/audit.html"
     if request.htmx and request.htmx.target == "audit-rows":

@@ -15,7 +15,7 @@ from django.views.decorators.http import require_http_methods
 
 from approvals.core import presenters
 from approvals.core.errors import DomainError
-from approvals.decisions import edit
+from approvals.decisions import baseline, edit
 from approvals.decisions.errors import InvalidArgumentsError
 from approvals.forms.edit import ARG_PREFIX, EditArgumentsForm
 from approvals.views import access, errors
@@ -65,8 +65,16 @@ def ticket_edit(request: HttpRequest, pk: int) -> HttpResponse:
                 return redirect("approvals:run", pk=ticket.run_id)
         if form.arguments is not None:
             context["changes"] = presenters.diff(original, form.arguments)
+    compared = baseline.baseline_for(ticket=ticket, arguments=original)
     context.update(
         {
+            "baseline": compared,
+            "target_names": baseline.target_arguments(
+                agent_key=ticket.run.agent_key,
+                agent_version=ticket.run.agent_version,
+                tool_name=ticket.tool_name,
+                arguments=original,
+            ),
             "form": form,
             "tool": tool,
             "arguments": presenters.arguments_rows_from_json(ticket.arguments_json),

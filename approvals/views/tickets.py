@@ -19,7 +19,7 @@ from django_htmx.http import HttpResponseClientRedirect
 
 from approvals.core import presenters
 from approvals.core.errors import DomainError
-from approvals.decisions import calls, comments, decide, digest
+from approvals.decisions import baseline, calls, comments, decide, digest
 from approvals.execution import registry
 from approvals.forms.decisions import CommentForm, DecisionForm
 from approvals.models import (
@@ -27,7 +27,6 @@ from approvals.models import (
     PreAuthorization,
     RunExecutor,
     Ticket,
-    TicketStatus,
 )
 from approvals.policies import quorum, scopes
 from approvals.views import access, errors, keys
@@ -48,22 +47,13 @@ def ticket_context(request: HttpRequest, ticket: Ticket, membership: Membership)
     check = (
         digest.check_digest(ticket, state_json, problem) if current and ticket.is_pending else None
     )
-    previous = (
-        Ticket.objects.filter(
-            tenant_id=ticket.tenant_id, tool_name=ticket.tool_name, status=TicketStatus.APPROVED
-        )
-        .exclude(pk=ticket.pk)
-        .select_related("decided_by")
-        .order_by("-decided_at", "-pk")
-        .first()
-    )
     # What is shown is what the digest covers: the call as the stored state holds it, when
     # the ticket is pending and its state was read; otherwise the ticket's copy, whose own
     # digest is checked (an integrity error is shown and nothing is approvable).
     shown_json = check.arguments_json if check is not None and check.arguments_json else None
     copy_intact = digest.copy_is_intact(ticket)
     call = calls.read(shown_json or ticket.arguments_json)
-    changes = presenters.diff(json.loads(previous.arguments_json), call.value) if previous else None
+    compared = baseline.baseline_for(ticket=ticket, arguments=call.value)
     expired = ticket.is_expired
     policy = scopes.policy_of(ticket)
     votes = list(ticket.votes.select_related("user", "policy"))
@@ -111,8 +101,15 @@ def ticket_context(request: HttpRequest, ticket: Ticket, membership: Membership)
         "transcript": presenters.transcript(state_json) if state_json else [],
         "state_problem": problem,
         "check": check,
-        "previous": previous,
-        "changes": changes,
+        "baseline": compared,
+        "previous": compared.ticket if compared else None,
+        "changes": compared.changes if compared else None,
+        "target_names": baseline.target_arguments(
+            agent_key=run.agent_key,
+            agent_version=run.agent_version,
+            tool_name=ticket.tool_name,
+            arguments=call.value,
+        ),
         "expired": expired,
         # Rejecting stays possible when the digest fails; only approving needs a verified call.
         "may_decide": may_decide,

@@ -89,9 +89,15 @@ def test_development_installs_devtools_and_registers_the_demo_agents():
                     "factory": "devtools.demo.build_release_agent",
                     "context_serializer": "devtools.demo.release_context_serializer",
                     "context_deserializer": "devtools.demo.release_context_deserializer",
+                    "targets": {"deploy_release": ["environment"]},
                 }
             },
-            "invoice": {"1": "devtools.demo.build_invoice_agent"},
+            "invoice": {
+                "1": {
+                    "factory": "devtools.demo.build_invoice_agent",
+                    "targets": {"publish_invoice": []},
+                }
+            },
         },
         "release_factory_module": "devtools.demo",
         "commands": dict.fromkeys(DEVTOOLS_COMMANDS, "devtools"),

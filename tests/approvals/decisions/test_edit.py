@@ -527,6 +527,30 @@ def test_edit_form_shows_one_field_per_argument_with_the_calls_values(client, sc
     assert "This tool takes no other arguments." in page
 
 
+def test_edit_page_names_the_same_baseline_as_the_ticket_page(client, setup):
+    tenant, ticket, approver = setup
+    earlier = []
+    for prompt in (
+        "Deploy release 2026.07.20 to production",
+        "Deploy release 2026.07.21 to staging",
+    ):
+        run = paused_run(tenant, requested_by=member(tenant, Role.VIEWER), prompt=prompt)
+        earlier.append(decide(Ticket.objects.get(run=run), user=approver, approve=True))
+    client.force_login(approver)
+
+    edit_page = client.get(edit_url(ticket))
+    ticket_page = client.get(reverse("approvals:ticket", args=[ticket.pk]))
+
+    production = earlier[0]
+    assert edit_page.context["baseline"].ticket == production
+    assert ticket_page.context["baseline"].ticket == production
+    assert (
+        f'Last approved for environment &quot;production&quot;: <a href="/tickets/{production.pk}/">'
+        f"#{production.pk}</a>, approved by approver on"
+    ) in edit_page.content.decode()
+    assert "this call differs in <code>release</code>." in edit_page.content.decode()
+
+
 def test_edit_link_is_on_the_ticket_page_for_an_approver_only(client, setup):
     tenant, ticket, approver = setup
     client.force_login(approver)
@@ -714,7 +738,10 @@ def test_the_diff_is_shown_wherever_the_decision_appears(client):
     assert "Approved: pre-authorised edit" in run_page
     assert "Pre-authorised by approver: edited from <a href" in run_page
     assert audit_page.count(diff) == 2
-    assert f"pre-authorised by approver, edited from ticket #{ticket.pk}" in audit_page
+    assert (
+        "approved by the pre-authorisation <strong>approver</strong> made when editing ticket "
+        f"#<strong>{ticket.pk}</strong>."
+    ) in audit_page
 
 
 @pytest.mark.slow

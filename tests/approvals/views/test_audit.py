@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 from datetime import UTC, datetime
 from unittest import mock
 
@@ -16,8 +17,10 @@ from django.urls import reverse
 from django.utils.html import escape
 
 from approvals.audit import chain as audit
+from approvals.audit import history
 from approvals.audit.history import EXPORT_FIELDS
 from approvals.models import AuditEvent, Role
+from approvals.policies.versions import save_policy
 from tests.support import TenantFactory, member
 
 pytestmark = pytest.mark.django_db
@@ -62,7 +65,7 @@ def test_audit_auditor_sees_the_events(client):
     assert shown(response) == [created.pk]
     body = response.content.decode()
     assert "<code>ticket.created</code>" in body
-    assert '<td data-label="Actor">alice</td>' in body
+    assert "Approval requested by <strong>alice</strong> (<strong>deploy_release</strong>)." in body
     assert '<span class="tool">deploy_release</span>' in body
 
 
@@ -331,6 +334,7 @@ def test_audit_csv_export_streams_the_filtered_rows_with_a_header(client):
             "",
             '{"a": 1}',
             wanted.hash,
+            "Approval requested by system (deploy_release).",
         ],
     ]
     exported = AuditEvent.objects.get(action="audit.exported")
@@ -463,3 +467,175 @@ def test_audit_export_post_is_refused(client):
     response = client.post(reverse("approvals:audit-export", args=["csv"]))
 
     assert response.status_code == 405
+
+
+# --- an event as a sentence -----------------------------------------------------------------
+
+
+def test_audit_policy_change_reads_approvals_needed_one_to_two(client):
+    tenant = TenantFactory()
+    admin = member(tenant, Role.ADMIN, username="alice")
+    save_policy(tenant=tenant, user=admin, tool_name="deploy_release", required_approvals=2)
+    client.force_login(admin)
+
+    response = client.get(AUDIT, {"action": "policy.changed"})
+
+    body = response.content.decode()
+    assert (
+        "<strong>alice</strong> changed the policy for <strong>any agent / deploy_release</strong>"
+        " to v<strong>1</strong>."
+    ) in body
+    assert (
+        '<li class="change changed"><span class="what">approvals needed</span> '
+        "<del>1</del> → <ins>2</ins></li>"
+    ) in body
+
+
+def test_audit_session_cleared_says_which_session_and_store(client):
+    tenant = TenantFactory()
+    event(
+        tenant,
+        "session.cleared",
+        actor_name="admin",
+        outcome="cleared",
+        detail={"store": "sqlite", "session_id": "acme-release-7", "items": 12},
+    )
+    client.force_login(member(tenant, Role.AUDITOR))
+
+    body = client.get(AUDIT).content.decode()
+
+    assert (
+        "<strong>admin</strong> cleared session <strong>acme-release-7</strong> in the "
+        "<strong>sqlite</strong> store: <strong>12</strong> items."
+    ) in body
+
+
+def test_audit_values_in_a_sentence_are_shown_as_text(client):
+    tenant = TenantFactory()
+    event(
+        tenant,
+        "ticket.commented",
+        actor_name="mallory",
+        ticket_id=5,
+        detail={"text": '<img src=x onerror="alert(1)">'},
+    )
+    client.force_login(member(tenant, Role.AUDITOR))
+
+    body = client.get(AUDIT).content.decode()
+
+    assert "<img src=x" not in body
+    assert "“<strong>" + escape('<img src=x onerror="alert(1)">') + "</strong>”" in body
+
+
+def test_audit_action_filter_groups_actions_by_area_with_labels(client):
+    tenant = TenantFactory()
+    event(tenant)
+    client.force_login(member(tenant, Role.AUDITOR))
+
+    body = client.get(AUDIT, {"action": "session.cleared"}).content.decode()
+
+    areas = re.findall(r'<optgroup label="([^"]+)">', body)
+    assert areas[:4] == ["Tickets", "Runs", "Policies", "Sessions"]
+    assert {"API", "Sign-in", "Notifications", "Audit log"} <= set(areas)
+    assert (
+        '<optgroup label="Sessions"><option value="session.cleared" selected>Session cleared'
+        "</option></optgroup>"
+    ) in body
+    assert ">ticket.approved</option>" not in body
+
+
+def test_audit_actor_filter_matches_part_of_a_name_in_any_case(client):
+    tenant = TenantFactory()
+    alice = event(tenant, actor_name="alice")
+    alicia = event(tenant, actor_name="Alicia")
+    event(tenant, actor_name="bob")
+    client.force_login(member(tenant, Role.AUDITOR))
+
+    response = client.get(AUDIT, {"actor": "ALI"})
+
+    assert shown(response) == [alicia.pk, alice.pk]
+
+
+def test_audit_search_finds_words_of_the_detail(client):
+    tenant = TenantFactory()
+    wanted = event(
+        tenant,
+        "session.cleared",
+        detail={"store": "sqlite", "session_id": "acme-release-7", "items": 1},
+    )
+    event(tenant, "session.cleared", detail={"store": "sqlite", "session_id": "other", "items": 1})
+    client.force_login(member(tenant, Role.AUDITOR))
+
+    response = client.get(AUDIT, {"q": "RELEASE-7"})
+
+    assert response.status_code == 200
+    assert shown(response) == [wanted.pk]
+
+
+def test_audit_search_reads_a_bounded_window_then_offers_older_events(client, monkeypatch):
+    monkeypatch.setattr(history, "SEARCH_WINDOW", 3)
+    tenant = TenantFactory()
+    old = event(tenant, detail={"release": "2026.01.01"})
+    for _ in range(4):
+        event(tenant, detail={"release": "2026.07.24"})
+    client.force_login(member(tenant, Role.AUDITOR))
+
+    first = client.get(AUDIT, {"q": "2026.01.01"})
+    second = client.get(f"{AUDIT}?{first.context['next_query']}")
+
+    assert shown(first) == []
+    assert "The search read events back to" in first.content.decode()
+    assert shown(second) == [old.pk]
+    assert second.context["next_query"] == ""
+
+
+def test_audit_search_queries_do_not_grow_with_events(client, django_assert_num_queries):
+    tenant = TenantFactory()
+    event(tenant, actor_name="user-a")
+    client.force_login(member(tenant, Role.AUDITOR))
+    url = f"{AUDIT}?actor=user&q=user"
+    at_one = queries_for(client, url)
+
+    for index in range(49):
+        event(tenant, actor_name=f"user{index}", run_id=index + 1, ticket_id=index + 1)
+    with django_assert_num_queries(at_one):
+        response = client.get(url)
+    assert len(shown(response)) == 50
+
+
+def test_audit_search_with_control_characters_is_400(client):
+    tenant = TenantFactory()
+    client.force_login(member(tenant, Role.AUDITOR))
+
+    response = client.get(AUDIT, {"q": "a\x01b"})
+
+    assert response.status_code == 400
+    assert "The search cannot hold control characters." in response.content.decode()
+
+
+def test_audit_rows_of_a_ticket_link_to_its_decision_record(client):
+    tenant = TenantFactory()
+    event(tenant, "ticket.approved", ticket_id=41, run_id=7, tool_name="deploy_release")
+    client.force_login(member(tenant, Role.AUDITOR))
+
+    body = client.get(AUDIT).content.decode()
+
+    record = reverse("approvals:ticket-record", args=[41])
+    assert f'<a href="{record}" class="record-link">decision record</a>' in body
+
+
+def test_audit_export_has_the_sentence_of_each_event(client):
+    tenant = TenantFactory(slug="acme")
+    event(
+        tenant,
+        "session.cleared",
+        actor_name="admin",
+        detail={"store": "redis", "session_id": "s-1", "items": 2},
+    )
+    client.force_login(member(tenant, Role.AUDITOR))
+
+    [line] = streamed(export(client, "jsonl", {"action": "session.cleared"})).splitlines()
+
+    assert json.loads(line)["sentence"] == (
+        "admin cleared session s-1 in the redis store: 2 items."
+    )

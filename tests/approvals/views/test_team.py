@@ -241,7 +241,10 @@ def test_comment_appears_in_the_audit_history_and_its_export(client, tenant, tic
     lines = b"".join(export.streaming_content).decode()
 
     assert history.status_code == 200
-    assert '<div class="comment-text">“Looks fine”</div>' in history.content.decode()
+    assert (
+        f"<strong>alice</strong> commented on <strong>ticket #{ticket.pk}</strong>: "
+        "“<strong>Looks fine</strong>”."
+    ) in history.content.decode()
     assert '"action": "ticket.commented"' in lines
     assert '"detail": {"text": "Looks fine"}' in lines
 

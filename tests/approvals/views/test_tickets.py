@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import re
 
 import pytest
@@ -89,6 +90,86 @@ def test_ticket_diff_against_the_last_approved_call_of_the_same_tool(client):
     body = response.content.decode()
     assert "<del>&quot;2026.07.24&quot;</del> → <ins>&quot;2026.07.25&quot;</ins>" in body
     assert f"approved by {approver.username}" in body
+
+
+def approved(tenant, prompt: str, *, approver) -> Ticket:
+    ticket = pending_ticket(tenant, requested_by=member(tenant, Role.VIEWER), prompt=prompt)
+    decide(ticket, user=approver, approve=True)
+    ticket.refresh_from_db()
+    return ticket
+
+
+def test_ticket_diff_compares_with_the_last_approval_for_the_same_environment(client):
+    tenant = TenantFactory()
+    approver = member(tenant, Role.APPROVER, username="rita")
+    staging = approved(tenant, "Deploy release 2026.07.23 to staging", approver=approver)
+    # The newest approval is for production: a staging deploy must not be compared with it.
+    approved(tenant, "Deploy release 2026.07.24 to production", approver=approver)
+    ticket = pending_ticket(tenant, prompt="Deploy release 2026.07.25 to staging")
+    client.force_login(approver)
+
+    response = page(client, ticket)
+
+    assert response.context["previous"] == staging
+    assert response.context["baseline"].target == {"environment": "staging"}
+    assert response.context["changes"] == [
+        Change("release", "changed", '"2026.07.23"', '"2026.07.25"')
+    ]
+    body = response.content.decode()
+    assert "&quot;production&quot;" not in body
+    assert (
+        f'Compared with <a href="/tickets/{staging.pk}/">#{staging.pk}</a>, approved by rita on '
+        f'<time datetime="{staging.decided_at:%Y-%m-%dT%H:%M:%S}'
+    ) in body
+    assert "for environment &quot;staging&quot;</h3>" in body
+    # One diff, against one ticket.
+    assert body.count('id="diff"') == 1
+    assert body.count('class="diff"') == 1
+
+
+def test_ticket_with_no_approval_for_its_environment_has_nothing_to_compare_with(client):
+    tenant = TenantFactory()
+    approver = member(tenant, Role.APPROVER)
+    approved(tenant, "Deploy release 2026.07.24 to production", approver=approver)
+    ticket = pending_ticket(tenant, prompt="Deploy release 2026.07.25 to staging")
+    client.force_login(approver)
+
+    response = page(client, ticket)
+
+    assert response.context["previous"] is None
+    assert (
+        "No call of this tool for the same environment was approved in "
+        f"{tenant.name} before: nothing to compare with."
+    ) in response.content.decode()
+
+
+def test_ticket_tool_declared_without_a_target_compares_with_any_call(client, settings):
+    agents = copy.deepcopy(settings.APPROVALS_AGENTS)
+    agents["release"]["1"]["targets"] = {"deploy_release": []}
+    settings.APPROVALS_AGENTS = agents
+    tenant = TenantFactory()
+    approver = member(tenant, Role.APPROVER)
+    production = approved(tenant, "Deploy release 2026.07.24 to production", approver=approver)
+    ticket = pending_ticket(tenant, prompt="Deploy release 2026.07.25 to staging")
+    client.force_login(approver)
+
+    response = page(client, ticket)
+
+    assert response.context["previous"] == production
+    assert response.context["baseline"].target == {}
+
+
+def test_ticket_decided_compares_with_what_was_approved_before_its_decision(client):
+    tenant = TenantFactory()
+    approver = member(tenant, Role.APPROVER)
+    first = approved(tenant, "Deploy release 2026.07.24 to production", approver=approver)
+    ticket = approved(tenant, "Deploy release 2026.07.25 to production", approver=approver)
+    approved(tenant, "Deploy release 2026.07.26 to production", approver=approver)
+    client.force_login(approver)
+
+    response = page(client, ticket)
+
+    assert response.context["previous"] == first
 
 
 def test_ticket_diff_ignores_approvals_in_another_tenant(client):

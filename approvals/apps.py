@@ -17,7 +17,7 @@ class ApprovalsConfig(AppConfig):
         from approvals.runs import resume
 
         # The queue's task runs the resume, which imports the queue: handed over, not imported.
-        queue.serve(resume.resume_by_id)
+        queue.serve(resume.resume)
 
         if not settings.OPENAI_API_KEY:
             # Without a key the SDK would try, and fail, to export traces on every run.

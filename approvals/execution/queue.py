@@ -9,7 +9,9 @@ imports point one way.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
+from typing import Protocol
 
 from django.db import connection
 from django_tasks import task
@@ -26,21 +28,60 @@ from approvals.models import (
 )
 
 WAKE_CHANNEL = "approvals_resume"
+# The statuses a resume leaves when it did its work; anything else is logged as a warning.
+_RESUMED = frozenset({RunStatus.COMPLETED, RunStatus.PAUSED})
 
-_resumers: list[Callable[[int], str]] = []
+logger = logging.getLogger("approvals.worker")
 
 
-def serve(resume: Callable[[int], str]) -> None:
-    """Set the function resume_run_task runs (run id in, the run's status out)."""
+class Resumed(Protocol):
+    """What a resume tells of a run: its status afterwards, and why when it did not go on."""
+
+    run_id: int
+    status: str
+    reason: str
+    effects: list[int]
+
+
+_resumers: list[Callable[..., Resumed]] = []
+
+
+def serve(resume: Callable[..., Resumed]) -> None:
+    """Set the function resume_run_task runs (resume(run_id=N) -> what became of the run)."""
     _resumers[:] = [resume]
 
 
 @task()
 def resume_run_task(run_id: int) -> str:
-    """The worker's task for a queued run: a primitive id in, the resume does the rest."""
+    """The worker's task for a queued run: a primitive id in, the resume does the rest.
+
+    Side effects: the resume's; one log line that says what became of the run (the queue's
+    own line only says the task ran, SUCCESSFUL even for a run that failed). Returns the run's
+    status. Raises RuntimeError when no resume is served.
+    """
     if not _resumers:
         raise RuntimeError("no resume is served: the approvals app is not ready")
-    return _resumers[0](run_id)
+    generation = Run.objects.filter(pk=run_id).values_list("state_generation", flat=True).first()
+    resumed = _resumers[0](run_id=run_id)
+    _log_resumed(resumed, generation)
+    return resumed.status
+
+
+def _log_resumed(resumed: Resumed, generation: int | None) -> None:
+    """One line: the run, the decisions it was resumed with, its status and why, its effects."""
+    decisions = [
+        f"{tool} {status}" + (f" by {by}" if by else "")
+        for tool, status, by in Ticket.objects.filter(run_id=resumed.run_id, generation=generation)
+        .order_by("pk")
+        .values_list("tool_name", "status", "decided_by__username")
+    ]
+    line = (
+        f"run {resumed.run_id}: {resumed.status}"
+        + (f" ({'; '.join(decisions)})" if decisions else "")
+        + (f": {resumed.reason}" if resumed.reason else "")
+        + (f"; effects {', '.join(map(str, resumed.effects))}" if resumed.effects else "")
+    )
+    logger.log(logging.INFO if resumed.status in _RESUMED else logging.WARNING, line)
 
 
 def enqueue_resume(run_id: int) -> None:

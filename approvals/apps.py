@@ -18,7 +18,7 @@ class ApprovalsConfig(AppConfig):
 
         # The queue's tasks run the resume and the start, which import the queue: handed over,
         # not imported.
-        queue.serve(resume=resume.resume_by_id, start=start.start_by_id)
+        queue.serve(resume=resume.resume, start=start.start)
 
         if not settings.OPENAI_API_KEY:
             # Without a key the SDK would try, and fail, to export traces on every run.

@@ -68,6 +68,17 @@ def env_url(name: str, default: str) -> str:
     return raw.rstrip("/")
 
 
+def development_public_url(*, host: str, port: int) -> str:
+    """Where a development server bound to host:port is reached: a bind-all address (0.0.0.0,
+    ::) is no address to link to, so links name the loopback one."""
+    host = host.strip().strip("[]")
+    if host in {"", "0.0.0.0", "::"}:
+        host = "127.0.0.1"
+    if ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{port}"
+
+
 def database_from_url(url: str, *, base_dir: Path, pool_size: int = 0) -> dict:
     """DATABASES entry for a postgres:// or sqlite:/// URL (parsed by dj-database-url).
 

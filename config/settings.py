@@ -15,6 +15,7 @@ from django.core.exceptions import ImproperlyConfigured
 from config.env import (
     DEV_SECRETS,
     database_from_url,
+    development_public_url,
     env_bool,
     env_int,
     env_list,
@@ -36,7 +37,7 @@ if APPROVALS_ENV not in {"development", "production"}:
 PRODUCTION = APPROVALS_ENV == "production"
 
 if PRODUCTION:
-    for required in (*DEV_SECRETS, "DJANGO_ALLOWED_HOSTS"):
+    for required in (*DEV_SECRETS, "DJANGO_ALLOWED_HOSTS", "APPROVALS_PUBLIC_URL"):
         if not os.environ.get(required):
             raise ImproperlyConfigured(f"{required} must be set when APPROVALS_ENV=production")
     _dev_secrets: dict[str, str] = {}
@@ -278,8 +279,17 @@ APPROVALS_DEMO_EFFECT_LOG = Path(
     env_str("APPROVALS_DEMO_EFFECT_LOG", str(BASE_DIR / "var" / "demo-effects.log"))
 )
 
-# Where people reach the console: links in notification emails and webhook payloads.
-APPROVALS_PUBLIC_URL = env_url("APPROVALS_PUBLIC_URL", "http://127.0.0.1:8000")
+# Where people reach the console, path prefix included: every absolute link (emails, webhook
+# payloads, the API's `url` fields, bin/run-dev's banner). Production names it; development
+# follows where bin/run-dev serves (HOST, PORT) unless it is set.
+APPROVALS_PUBLIC_URL = env_url(
+    "APPROVALS_PUBLIC_URL",
+    ""
+    if PRODUCTION
+    else development_public_url(
+        host=env_str("HOST", "127.0.0.1"), port=env_int("PORT", 8000, minimum=1)
+    ),
+)
 
 # The HTTP API (api): requests per token per minute (fixed windows of the clock, in the cache),
 # and how often a long poll (GET /api/v1/runs/N?wait=) re-reads the run's status.
@@ -298,7 +308,8 @@ EMAIL_TIMEOUT = env_int("EMAIL_TIMEOUT", 10, minimum=1)
 DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "approvals@localhost")
 
 # Webhooks to private, loopback, link-local and other non-public addresses (SSRF guard): allowed
-# in development, where the demo receiver listens on 127.0.0.1:8025; refused in production.
+# in development, where the demo receiver listens on 127.0.0.1:$WEBHOOK_PORT (8025); refused in
+# production.
 NOTIFICATIONS_ALLOW_PRIVATE_WEBHOOKS = env_bool(
     "NOTIFICATIONS_ALLOW_PRIVATE_WEBHOOKS", default=not PRODUCTION
 )

@@ -57,6 +57,8 @@ def child_env(**extra: str) -> dict[str, str]:
         "NOTIFICATIONS_ALLOW_PRIVATE_WEBHOOKS": "1"
         if settings.NOTIFICATIONS_ALLOW_PRIVATE_WEBHOOKS
         else "0",
+        # Links from a child (a worker's webhooks and emails) name the address this one does.
+        "APPROVALS_PUBLIC_URL": settings.APPROVALS_PUBLIC_URL,
         "PYTHONUNBUFFERED": "1",
     }
     env.pop("OPENAI_API_KEY", None)

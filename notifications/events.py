@@ -64,6 +64,16 @@ class Facts:
     group: str = ""
     # How the run ended, for run.completed and run.failed (None for other events).
     outcome: outcomes.Outcome | None = None
+    # Who started the run ("" when nobody did, or it is gone).
+    requester: str = ""
+    # A decided ticket's message (masked; an edit's note, never its corrected arguments).
+    message: str = ""
+
+    @property
+    def not_approved(self) -> list[outcomes.Decision]:
+        """The run's calls that did not go ahead as asked (rejected, edited, expired, ...)."""
+        decisions = self.outcome.decisions if self.outcome is not None else []
+        return [d for d in decisions if d.decision != "approved"]
 
     def payload(self, audit_event: AuditEvent) -> dict:
         payload = {
@@ -95,11 +105,11 @@ class Facts:
 def facts_for(audit_event: AuditEvent, event: str) -> Facts:
     # One query: the run with its tenant (most events name a run), else the tenant alone; the
     # run's outcome only for the events that tell it.
-    fields = ["title", "requested_by_id", "tenant__slug", "tenant__name"]
+    fields = ["title", "requested_by__username", "tenant__slug", "tenant__name"]
     if event in RUN_EVENTS:
         fields += ["status", "status_reason", "final_output"]
     run = (
-        Run.objects.select_related("tenant")
+        Run.objects.select_related("tenant", "requested_by")
         .only(*fields)
         .filter(pk=audit_event.run_id, tenant_id=audit_event.tenant_id)
         .first()
@@ -129,4 +139,13 @@ def facts_for(audit_event: AuditEvent, event: str) -> Facts:
         if event == Event.TICKET_ESCALATED
         else "",
         outcome=outcomes.outcome(run) if run is not None and event in RUN_EVENTS else None,
+        requester=run.requested_by.get_username() if run and run.requested_by else "",
+        message=_message(run, audit_event.ticket_id)
+        if run is not None and event == Event.TICKET_DECIDED
+        else "",
     )
+
+
+def _message(run: Run, ticket_id: int | None) -> str:
+    """The decided ticket's message as the run's outcome tells it (one reading of edits)."""
+    return next((d.message for d in outcomes.decisions(run) if d.ticket == ticket_id), "")

@@ -44,6 +44,12 @@ def _private_webhooks_allowed(settings):
 
 
 @pytest.fixture(autouse=True)
+def _public_url(settings):
+    """Links in tests name the development default, whatever PORT or HOST the shell exports."""
+    settings.APPROVALS_PUBLIC_URL = "http://127.0.0.1:8000"
+
+
+@pytest.fixture(autouse=True)
 def effect_log(tmp_path, settings, monkeypatch) -> Path:
     """Where the demo tools record each real side effect, per test and for its subprocesses."""
     path = tmp_path / "effects.log"

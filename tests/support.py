@@ -260,6 +260,10 @@ SETTINGS_VARIABLES = (
     "DJANGO_DEBUG",
     "NOTIFICATIONS_ALLOW_PRIVATE_WEBHOOKS",
     "REDIS_URL",
+    # The links' address: set, or derived from where bin/run-dev serves.
+    "APPROVALS_PUBLIC_URL",
+    "HOST",
+    "PORT",
 )
 
 

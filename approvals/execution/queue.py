@@ -9,7 +9,9 @@ decisions queue it here. So both are handed to this module when the app is ready
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
+from typing import Protocol
 
 from django.db import connection
 from django_tasks import task
@@ -26,39 +28,81 @@ from approvals.models import (
 )
 
 WAKE_CHANNEL = "approvals_resume"
+# The statuses a resume leaves when it did its work; anything else is logged as a warning.
+_RESUMED = frozenset({RunStatus.COMPLETED, RunStatus.PAUSED})
 
-_served: dict[str, Callable[[int], str]] = {}
+logger = logging.getLogger("approvals.worker")
 
 
-def serve(*, resume: Callable[[int], str], start: Callable[[int], str]) -> None:
-    """Set the functions the tasks run (run id in, the run's status out): the resume
+class Resumed(Protocol):
+    """What a resume or a start tells of a run: its status afterwards, and why when it did not
+    go on."""
+
+    run_id: int
+    status: str
+    reason: str
+    effects: list[int]
+
+
+_served: dict[str, Callable[..., Resumed]] = {}
+
+
+def serve(*, resume: Callable[..., Resumed], start: Callable[..., Resumed]) -> None:
+    """Set the functions the tasks run (work(run_id=N) -> what became of the run): the resume
     (runs.resume) and the start of a run the console runs (runs.start)."""
     _served.clear()
     _served.update(resume=resume, start=start)
 
 
-def _work(name: str) -> Callable[[int], str]:
+def _work(name: str, run_id: int) -> str:
+    """Run the served work on the run and log one line saying what became of it (the queue's
+    own line only says the task ran, SUCCESSFUL even for a run that failed)."""
     if name not in _served:
         raise RuntimeError(f"no {name} is served: the approvals app is not ready")
-    return _served[name]
+    generation = Run.objects.filter(pk=run_id).values_list("state_generation", flat=True).first()
+    outcome = _served[name](run_id=run_id)
+    _log_resumed(outcome, generation)
+    return outcome.status
 
 
 @task()
 def resume_run_task(run_id: int) -> str:
-    """The worker's task for a queued run: a primitive id in, the resume does the rest."""
-    return _work("resume")(run_id)
+    """The worker's task for a queued run: a primitive id in, the resume does the rest.
+
+    Side effects: the resume's; one log line that says what became of the run. Returns the
+    run's status. Raises RuntimeError when no resume is served.
+    """
+    return _work("resume", run_id)
 
 
 @task()
 def start_run_task(run_id: int) -> str:
-    """The worker's task for a starting run: a primitive id in, the start does the rest."""
-    return _work("start")(run_id)
+    """The worker's task for a starting run: a primitive id in, the start does the rest (and
+    the same log line)."""
+    return _work("start", run_id)
 
 
 def _wake() -> None:
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
             cursor.execute(f"NOTIFY {WAKE_CHANNEL}")
+
+
+def _log_resumed(resumed: Resumed, generation: int | None) -> None:
+    """One line: the run, the decisions it was resumed with, its status and why, its effects."""
+    decisions = [
+        f"{tool} {status}" + (f" by {by}" if by else "")
+        for tool, status, by in Ticket.objects.filter(run_id=resumed.run_id, generation=generation)
+        .order_by("pk")
+        .values_list("tool_name", "status", "decided_by__username")
+    ]
+    line = (
+        f"run {resumed.run_id}: {resumed.status}"
+        + (f" ({'; '.join(decisions)})" if decisions else "")
+        + (f": {resumed.reason}" if resumed.reason else "")
+        + (f"; effects {', '.join(map(str, resumed.effects))}" if resumed.effects else "")
+    )
+    logger.log(logging.INFO if resumed.status in _RESUMED else logging.WARNING, line)
 
 
 def enqueue_resume(run_id: int) -> None:

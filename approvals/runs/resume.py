@@ -133,8 +133,3 @@ def resume(*, run_id: int, worker_id: str | None = None) -> ResumeOutcome:
     return lease.settled(
         run, scope, result, store_pause=lambda locked: _store_new_pause(locked, result, spec)
     )
-
-
-def resume_by_id(run_id: int) -> str:
-    """resume() as the queue's task runs it: the run's id in, its status out."""
-    return resume(run_id=run_id).status

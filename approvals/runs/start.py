@@ -283,8 +283,3 @@ def start(*, run_id: int, worker_id: str | None = None) -> lease.WorkOutcome:
     return lease.settled(
         run, scope, result, store_pause=lambda locked: _store_pause(locked, result, spec)
     )
-
-
-def start_by_id(run_id: int) -> str:
-    """start() as the queue's task runs it: the run's id in, its status out."""
-    return start(run_id=run_id).status

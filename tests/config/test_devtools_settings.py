@@ -52,6 +52,7 @@ def _seen_by_django(**overrides: str) -> dict:
         APPROVALS_AUDIT_SIGNING_KEY=KEY,
         APPROVALS_DECISION_SIGNING_KEYS=f"d1:{KEY}",
         DJANGO_ALLOWED_HOSTS="console.example.com",
+        APPROVALS_PUBLIC_URL="https://console.example.com",
         **overrides,
     )
     result = subprocess.run(

@@ -123,6 +123,10 @@ def test_manage_check_good_environment_passes():
             "APPROVALS_DECISION_SIGNING_KEYS: key 'd1' is 1 bytes, Ed25519 needs 32",
         ),
         (
+            {"APPROVALS_ENV": "production", "DJANGO_ALLOWED_HOSTS": "console.example.com"},
+            "APPROVALS_PUBLIC_URL must be set when APPROVALS_ENV=production",
+        ),
+        (
             {"APPROVALS_ENV": "staging"},
             "APPROVALS_ENV='staging' must be 'development' or 'production'",
         ),
@@ -141,6 +145,7 @@ def test_manage_check_good_environment_passes():
         "signing-key-wrong-length",
         "production-without-decision-keys",
         "decision-key-wrong-length",
+        "production-without-public-url",
         "unknown-env",
     ],
 )
@@ -176,13 +181,47 @@ def _setting(name: str, **overrides: str) -> str:
 
 def test_private_webhooks_are_allowed_in_development_refused_in_production_unless_set():
     name = "NOTIFICATIONS_ALLOW_PRIVATE_WEBHOOKS"
+    production = {"APPROVALS_ENV": "production", "APPROVALS_PUBLIC_URL": "https://c.example.com"}
 
     assert [
         _setting(name),
-        _setting(name, APPROVALS_ENV="production"),
-        _setting(name, APPROVALS_ENV="production", NOTIFICATIONS_ALLOW_PRIVATE_WEBHOOKS="1"),
+        _setting(name, **production),
+        _setting(name, **production, NOTIFICATIONS_ALLOW_PRIVATE_WEBHOOKS="1"),
         _setting(name, NOTIFICATIONS_ALLOW_PRIVATE_WEBHOOKS="no"),
     ] == ["True", "False", "True", "False"]
+
+
+def test_public_url_in_development_follows_port_and_host_unless_set():
+    name = "APPROVALS_PUBLIC_URL"
+
+    assert [
+        _setting(name),
+        _setting(name, PORT="8100"),
+        _setting(name, PORT="8100", HOST="localhost"),
+        # A bind-all address is no address to link to.
+        _setting(name, PORT="8100", HOST="0.0.0.0"),
+        _setting(name, PORT="8100", HOST="::1"),
+        _setting(name, PORT="8100", APPROVALS_PUBLIC_URL="https://console.example.com/approvals/"),
+    ] == [
+        "'http://127.0.0.1:8000'",
+        "'http://127.0.0.1:8100'",
+        "'http://localhost:8100'",
+        "'http://127.0.0.1:8100'",
+        "'http://[::1]:8100'",
+        "'https://console.example.com/approvals'",
+    ]
+
+
+def test_public_url_in_production_is_what_it_says_whatever_port_says():
+    assert (
+        _setting(
+            "APPROVALS_PUBLIC_URL",
+            APPROVALS_ENV="production",
+            APPROVALS_PUBLIC_URL="https://console.example.com",
+            PORT="8100",
+        )
+        == "'https://console.example.com'"
+    )
 
 
 # --- database_from_url ----------------------------------------------------------------------

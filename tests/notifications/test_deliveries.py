@@ -337,3 +337,20 @@ def test_delivery_whose_endpoint_is_deleted_mid_attempt_records_nothing(tenant, 
 
     assert Delivery.objects.count() == 0
     assert DBTaskResult.objects.filter(task_path=DELIVER_TASK).count() == 1  # the fan-out's
+
+
+def test_delivery_task_whose_every_attempt_failed_is_failed_not_successful(
+    tenant, admin, failing_receiver
+):
+    """The queue records a task that raised as FAILED: one that only returned would be logged
+    SUCCESSFUL although nothing was delivered."""
+    endpoint, secret = make_endpoint(tenant, admin, url=failing_receiver.url)
+    failing_receiver.secrets.append(secret)
+    delivery = one_delivery(tenant, endpoint)
+
+    with pytest.raises(attempts.DeliveryFailed) as failed:
+        deliver_webhook_task.call(delivery.pk)
+
+    assert str(failed.value) == "webhook deliveries: 0 delivered, 1 failed (1 to be retried)"
+    delivery.refresh_from_db()
+    assert (delivery.status, delivery.attempts) == (DeliveryStatus.PENDING, 1)

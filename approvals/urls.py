@@ -2,7 +2,18 @@ from __future__ import annotations
 
 from django.urls import path
 
-from approvals.views import audit, edit, history, policies, queue, runs, team, tenants, tickets
+from approvals.views import (
+    audit,
+    edit,
+    history,
+    members,
+    policies,
+    queue,
+    runs,
+    team,
+    tenants,
+    tickets,
+)
 
 app_name = "approvals"
 
@@ -29,4 +40,16 @@ urlpatterns = [
     path("policies/remove/", policies.policy_remove, name="policy-remove"),
     path("policies/groups/", policies.group_edit, name="groups"),
     path("policies/groups/delete/", policies.group_delete, name="group-delete"),
+    path("team/members/", members.member_list, name="members"),
+    path("team/members/add/", members.member_add, name="member-add"),
+    path("team/members/<int:user_id>/role/", members.member_role, name="member-role"),
+    path("team/members/<int:user_id>/remove/", members.member_remove, name="member-remove"),
+    path("team/invitations/", members.invite, name="invite"),
+    path(
+        "team/invitations/<int:pk>/revoke/",
+        members.invitation_revoke,
+        name="invitation-revoke",
+    ),
+    path("invitations/<str:token>/", members.invitation_accept, name="invitation"),
+    path("me/", members.me, name="me"),
 ]

@@ -126,6 +126,11 @@ _ACTIONS = [
     Action("member.added", "Member added", MEMBER_CHANGED),
     Action("member.removed", "Member removed", MEMBER_CHANGED),
     Action("member.role_changed", "Member's role changed", MEMBER_CHANGED),
+    # Invitations by email (approvals.invitations): sent and revoked by an admin, accepted by
+    # the invitee through the link (who then also appears in a member.added).
+    Action("invitation.sent", "Invitation sent", MEMBER_CHANGED),
+    Action("invitation.accepted", "Invitation accepted", MEMBER_CHANGED),
+    Action("invitation.revoked", "Invitation revoked", MEMBER_CHANGED),
     Action("email.failed", "Notification email failed", DELIVERY_CHANGED),
     Action("email.retried", "Notification email retried", DELIVERY_CHANGED),
 ]
@@ -157,6 +162,9 @@ OUTCOMES: tuple[str, ...] = tuple(
             # API tokens (api)
             "revoked",
             "used",
+            # invitations (approvals.invitations)
+            "sent",
+            "accepted",
         }
     )
 )

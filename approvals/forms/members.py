@@ -12,7 +12,7 @@ class AddMemberForm(forms.Form):
     user = forms.CharField(
         max_length=254,
         label="Username or email",
-        help_text="Someone who already has an account. Others: invite them by email below.",
+        help_text="Someone who already has an account; invite anyone else by email.",
     )
     role = forms.ChoiceField(choices=Role.choices, initial=Role.VIEWER)
 

@@ -22,10 +22,6 @@ class RoleForm(forms.Form):
     role = forms.ChoiceField(choices=Role.choices)
 
 
-class TenantForm(forms.Form):
-    tenant = forms.CharField(max_length=64, widget=forms.HiddenInput)
-
-
 class InviteForm(forms.Form):
     tenant = forms.CharField(max_length=64, widget=forms.HiddenInput)
     email = forms.EmailField(max_length=254, label="Email")

@@ -14,7 +14,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from approvals import invitations, tenancy
 from approvals.core.errors import DomainError
-from approvals.forms.members import AcceptForm, AddMemberForm, InviteForm, RoleForm, TenantForm
+from approvals.forms.members import AcceptForm, AddMemberForm, InviteForm, RoleForm
 from approvals.models import ApproverGroup, Membership, Role, Tenant
 from approvals.views import access, errors
 
@@ -153,8 +153,6 @@ def member_remove(request: HttpRequest, user_id: int) -> HttpResponse:
     }
     if request.method == "GET":
         return render(request, "approvals/member_remove.html", context)
-    form = TenantForm(request.POST)
-    form.is_valid()
     name = membership.user.get_username()
     try:
         tenancy.remove_member(tenant=tenant, user=membership.user, actor=request.user)

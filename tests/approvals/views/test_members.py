@@ -10,7 +10,7 @@ from django.utils.html import escape
 from approvals.models import ApproverGroup, AuditEvent, Membership, Role
 from approvals.policies.groups import save_group
 from approvals.policies.versions import PolicyError
-from tests.support import TenantFactory, UserFactory, member
+from tests.support import TenantFactory, UserFactory, member, queries_for
 
 pytestmark = pytest.mark.django_db
 
@@ -311,3 +311,18 @@ def test_groups_rule_refuses_someone_who_may_not_decide(world):
         "their role first."
     )
     assert ApproverGroup.objects.count() == 0
+
+
+def test_members_page_queries_do_not_grow_with_members(client, world):
+    client.force_login(world["admin"])
+    few = queries_for(client, f"{MEMBERS}?tenant=acme")
+    for n in range(3):
+        user = member(world["tenant"], Role.APPROVER, username=f"extra{n}")
+        ApproverGroup.objects.get_or_create(tenant=world["tenant"], name=f"g{n}")[0].members.add(
+            user
+        )
+    UserFactory(username="invitee")
+
+    many = queries_for(client, f"{MEMBERS}?tenant=acme")
+
+    assert many == few

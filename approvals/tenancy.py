@@ -89,6 +89,32 @@ def _locked_membership(tenant: Tenant, user) -> Membership:
     return membership
 
 
+def find_user(*, name_or_email: str):
+    """The existing user with this username, or else with this email (for adding a member).
+
+    Side effects: none.
+    Raises:
+        TenancyError: nothing given, or several users share the email (give the username).
+        UnknownUserError: no user has that username or email.
+    """
+    name_or_email = (name_or_email or "").strip()
+    if not name_or_email:
+        raise TenancyError("give the user's name or email")
+    users = get_user_model()
+    user = users.objects.filter(username=name_or_email).first()
+    if user is not None:
+        return user
+    if "@" in name_or_email:
+        matches = list(users.objects.filter(email__iexact=name_or_email)[:2])
+        if len(matches) > 1:
+            raise TenancyError(f"several users have the email {name_or_email}: give the username")
+        if matches:
+            return matches[0]
+    raise UnknownUserError(
+        f"no user named {name_or_email!r}: invite them by email to let them make an account"
+    )
+
+
 def create_tenant(*, slug: str, name: str, actor=None, channel: str = "console") -> Tenant:
     """Create a tenant with no members yet (add its first admin with add_member).
 

@@ -136,6 +136,11 @@ _ACTIONS = [
     Action("member.added", "Member added", MEMBER_CHANGED),
     Action("member.removed", "Member removed", MEMBER_CHANGED),
     Action("member.role_changed", "Member's role changed", MEMBER_CHANGED),
+    # Invitations by email (approvals.invitations): sent and revoked by an admin, accepted by
+    # the invitee through the link (who then also appears in a member.added).
+    Action("invitation.sent", "Invitation sent", MEMBER_CHANGED),
+    Action("invitation.accepted", "Invitation accepted", MEMBER_CHANGED),
+    Action("invitation.revoked", "Invitation revoked", MEMBER_CHANGED),
     Action("email.failed", "Notification email failed", DELIVERY_CHANGED),
     Action("email.retried", "Notification email retried", DELIVERY_CHANGED),
 ]
@@ -144,6 +149,13 @@ _ACTIONS = [
 # ("run #3"), {tool}, {outcome}, and any key of the event's detail; the detail keys a sentence
 # does not use are listed under it.
 SENTENCES: dict[str, str] = {
+    "tenant.created": "{actor} created the tenant {name} ({slug})",
+    "member.added": "{actor} added {user} as {role}",
+    "member.removed": "{actor} removed {user} (was {role})",
+    "member.role_changed": "{actor} changed the role of {user} from {from} to {to}",
+    "invitation.sent": "{actor} invited {email} as {role}",
+    "invitation.accepted": "{user} accepted the invitation sent to {email} and joined as {role}",
+    "invitation.revoked": "{actor} revoked the invitation of {email} as {role}",
     "run.paused": "{run} paused for approval: {tickets} call(s) waiting",
     "ticket.created": "{actor} asked to run {tool} ({ticket})",
     "ticket.approved": "{actor} approved {tool} on {ticket}",
@@ -167,6 +179,8 @@ SENTENCES: dict[str, str] = {
     "policy.removed": "{actor} removed the policy v{removed} for {scope}",
     "group.changed": "{actor} changed the approver group {group}",
     "group.deleted": "{actor} deleted the approver group {group}",
+    "run.started": "{actor} started {run} (agent {agent} v{version}): waiting for a worker",
+    "run.starting": "{actor} running the agent of {run}, attempt {attempt}",
     "run.queued": "{run} queued for the worker",
     "run.awaiting_caller": "{run} decided: waiting for its caller to resume it",
     "run.resuming": "{actor} resuming {run}, attempt {attempt}",
@@ -207,6 +221,7 @@ AREAS: dict[str, str] = {
     "effect": "Runs",
     "policy": "Policies",
     "group": "Policies",
+    "tenant": "Members",
     "member": "Members",
     "membership": "Members",
     "invite": "Members",
@@ -274,6 +289,9 @@ OUTCOMES: tuple[str, ...] = tuple(
             # API tokens (api)
             "revoked",
             "used",
+            # invitations (approvals.invitations)
+            "sent",
+            "accepted",
         }
     )
 )

@@ -145,7 +145,11 @@ class GroupForm(forms.Form):
     tenant = forms.CharField(max_length=64, widget=forms.HiddenInput)
     name = forms.CharField(max_length=100, label="Group name")
     members = forms.MultipleChoiceField(
-        required=False, widget=forms.CheckboxSelectMultiple, label="Members"
+        required=False,
+        widget=forms.CheckboxSelectMultiple,
+        label="Members",
+        help_text="Only approvers and admins may decide, so only they are offered; change a "
+        "member's role on the Team page.",
     )
 
     def __init__(self, *args, usernames: list[str], **kwargs) -> None:

@@ -6,6 +6,7 @@ from django.db import transaction
 
 from approvals.audit import chain
 from approvals.models import (
+    DECIDING_ROLES,
     TERMINAL_RUN_STATUSES,
     ApprovalPolicy,
     ApproverGroup,
@@ -84,15 +85,25 @@ def save_group(*, tenant: Tenant, user, name: str, members: list) -> ApproverGro
     """Create an approver group, or set the members of an existing one.
 
     Side effects, in one transaction: the group row and its members (only members of the
-    tenant are kept); audit event group.changed. Raises versions.PolicyError, writing nothing.
+    tenant are kept); audit event group.changed. Raises versions.PolicyError, writing nothing,
+    for a bad name or a member whose role may not decide (only approvers and admins may).
     """
     versions.require_admin(user, tenant.pk)
     name = " ".join((name or "").split())
     if not name or len(name) > 100:
         raise versions.PolicyError("a group needs a name of at most 100 characters")
-    member_ids = set(
-        Membership.objects.filter(tenant=tenant, user__in=members).values_list("user_id", flat=True)
+    memberships = Membership.objects.filter(tenant=tenant, user__in=members).select_related("user")
+    # A group's members are counted as approvals: someone whose role may not decide would be
+    # a voter who can never vote.
+    refused = sorted(
+        f"{m.user.get_username()} ({m.role})" for m in memberships if m.role not in DECIDING_ROLES
     )
+    if refused:
+        raise versions.PolicyError(
+            f"{', '.join(refused)} may not decide tickets; a group holds only approvers and "
+            "admins: change their role first"
+        )
+    member_ids = {m.user_id for m in memberships}
     with transaction.atomic():
         group, created = ApproverGroup.objects.get_or_create(tenant=tenant, name=name)
         before = set(group.members.values_list("username", flat=True))

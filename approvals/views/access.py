@@ -70,3 +70,16 @@ def history_tenants(request: HttpRequest) -> dict[int, Tenant]:
     return {
         tenant_id: m.tenant for tenant_id, m in memberships(request).items() if m.can_read_history
     }
+
+
+def get_admin_tenant(request: HttpRequest, slug: str) -> Tenant:
+    """The tenant named (or the active one, or the first) if the user is its admin; else 404,
+    the same for another tenant's slug and for a tenant where the user is not an admin."""
+    admin_of = admin_tenants(request)
+    slug = slug or active_tenant(request)
+    if not slug and admin_of:
+        slug = sorted(admin_of)[0]
+    tenant = admin_of.get(slug)
+    if tenant is None:
+        raise Http404("No such page.")
+    return tenant

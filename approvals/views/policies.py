@@ -20,6 +20,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from approvals.execution import registry
 from approvals.forms.policies import GroupForm, PolicyForm
 from approvals.models import (
+    DECIDING_ROLES,
     ApprovalPolicy,
     ApproverGroup,
     Membership,
@@ -187,8 +188,11 @@ def _edit_url(tenant: Tenant, agent_key: str, tool_name: str) -> str:
 def group_edit(request: HttpRequest) -> HttpResponse:
     data = request.POST if request.method == "POST" else request.GET
     tenant = _get_admin_tenant(request, data.get("tenant", ""))
+    # Only people who may decide can count as a group's approvals.
     usernames = sorted(
-        Membership.objects.filter(tenant=tenant).values_list("user__username", flat=True)
+        Membership.objects.filter(tenant=tenant, role__in=DECIDING_ROLES).values_list(
+            "user__username", flat=True
+        )
     )
     status = 200
     if request.method == "POST":

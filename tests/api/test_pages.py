@@ -141,8 +141,10 @@ def test_non_admins_get_the_forbidden_page(acme):
         assert "Only a tenant&#x27;s admins manage its API tokens." in response.content.decode()
     assert ApiToken.objects.count() == 1
     assert ApiToken.objects.get().revoked_at is None
-    assert 'href="/team/tokens/"' not in client.get("/").content.decode()
-    assert 'href="/team/tokens/"' in signed_in(admin).get("/").content.decode()
+    # Admins reach the tokens from the nav's Team entry (the members page links them).
+    assert 'href="/team/members/"' not in client.get("/").content.decode()
+    assert 'href="/team/members/"' in signed_in(admin).get("/").content.decode()
+    assert 'href="/team/tokens/"' in signed_in(admin).get("/team/members/").content.decode()
 
 
 def test_another_tenants_admin_sees_none_of_its_tokens(acme):

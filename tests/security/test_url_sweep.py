@@ -18,6 +18,7 @@ from django.test import Client
 from django.urls import get_resolver, path, resolve
 
 from api import tokens
+from approvals import invitations
 from approvals.audit import chain as audit
 from approvals.audit.chain import verify_chain
 from approvals.models import Role, Run, RunStatus, Tenant, Ticket, TicketStatus
@@ -50,7 +51,11 @@ def tenant_slugs(side, route) -> list[str]:
 # kwarg name -> how to fill it with tenant B's objects. A new URL kwarg goes here.
 KWARGS: dict[str, Kwarg] = {
     "pk": Kwarg(
-        by_first_segment(tickets=lambda side: side.ticket.pk, runs=lambda side: side.run.pk),
+        by_first_segment(
+            tickets=lambda side: side.ticket.pk,
+            runs=lambda side: side.run.pk,
+            team=lambda side: side.invitation_ids[0],
+        ),
         scoped=True,
     ),
     # Not an object: the export covers the user's own tenants in any format.
@@ -66,6 +71,11 @@ KWARGS: dict[str, Kwarg] = {
     "email": Kwarg(from_side("email_ids"), scoped=True),
     # The API token pages: B's token, by its visible prefix.
     "prefix": Kwarg(from_side("token_prefixes"), scoped=True),
+    # The Team pages: B's members, by user id.
+    "user_id": Kwarg(from_side("member_ids"), scoped=True),
+    # An invitation's link is its own credential, for anyone who holds it: a token nobody was
+    # sent must show nothing.
+    "token": Kwarg(constant("x" * 43), scoped=False),
 }
 # Query parameters that name an object (the sessions pages take ?id=SESSION): every
 # object-scoped URL is also asked with each of tenant B's values.
@@ -92,6 +102,8 @@ class Side:
     delivery_ids: list[int] = field(default_factory=list)
     email_ids: list[int] = field(default_factory=list)
     token_prefixes: list[str] = field(default_factory=list)
+    member_ids: list[int] = field(default_factory=list)
+    invitation_ids: list[int] = field(default_factory=list)
 
 
 def webhook_for(tenant: Tenant, admin, url: str) -> tuple[WebhookEndpoint, Delivery]:
@@ -162,6 +174,9 @@ def world() -> dict:
     token = tokens.issue(
         tenant=bravo, name="bravo deploy bot", scopes=["runs:read"], created_by=bravo_admin
     ).token
+    invitation = invitations.invite(
+        tenant=bravo, email="new@bravo-corp.example", role=Role.APPROVER, actor=bravo_admin
+    ).invitation
     return {
         "alpha": alpha,
         "alpha_run": alpha_run,
@@ -175,6 +190,8 @@ def world() -> dict:
             delivery_ids=[delivery.pk],
             email_ids=[email.pk],
             token_prefixes=[token.prefix],
+            member_ids=[bravo_admin.pk],
+            invitation_ids=[invitation.pk],
         ),
     }
 
@@ -303,6 +320,9 @@ def test_url_sweep_own_objects_answer_200_so_the_sweep_can_fail(client, world):
     token = tokens.issue(
         tenant=world["alpha"], name="alpha bot", scopes=["runs:read"], created_by=alpha_admin
     ).token
+    invitation = invitations.invite(
+        tenant=world["alpha"], email="new@alpha.example", role=Role.VIEWER, actor=alpha_admin
+    ).invitation
     side = Side(
         tenant=world["alpha"],
         ticket=Ticket.objects.get(run=alpha_run),
@@ -313,6 +333,8 @@ def test_url_sweep_own_objects_answer_200_so_the_sweep_can_fail(client, world):
         delivery_ids=[delivery.pk],
         email_ids=[email.pk],
         token_prefixes=[token.prefix],
+        member_ids=[alpha_admin.pk],
+        invitation_ids=[invitation.pk],
     )
     client.force_login(alpha_admin)
     statuses = {}
@@ -342,6 +364,9 @@ def test_url_sweep_own_objects_answer_200_so_the_sweep_can_fail(client, world):
         "notifications:emails": 200,
         "notifications:email_retry": 405,
         "api:token-revoke": 200,
+        "approvals:member-role": 405,
+        "approvals:member-remove": 200,
+        "approvals:invitation-revoke": 405,
     }
 
 

@@ -137,8 +137,26 @@ def test_sentences_every_action_of_the_table_has_a_sentence():
 def test_sentences_actions_group_by_area_with_readable_labels():
     groups = dict(actions.grouped())
 
-    assert list(groups)[:4] == ["Tickets", "Runs", "Policies", "Sessions"]
+    assert list(groups)[:5] == ["Tickets", "Runs", "Policies", "Members", "Sessions"]
     assert [a.label for a in groups["Sessions"]] == ["Session cleared"]
     assert {a.name for a in groups["Sign-in"]} == {"auth.sign_in_failed", "auth.locked_out"}
     assert {a.name for a in groups["API"]} == {"token.created", "token.revoked", "token.used"}
     assert sum(len(group) for group in groups.values()) == len(actions.ACTIONS)
+
+
+def test_sentences_member_changes_say_who_and_which_role():
+    changed = event(
+        "member.role_changed",
+        actor_name="ada",
+        detail={"user": "rita", "from": "viewer", "to": "approver", "via": "console"},
+    )
+    invited = event(
+        "invitation.sent",
+        actor_name="ada",
+        detail={"email": "sam@example.com", "role": "auditor", "expires": "x", "via": "console"},
+    )
+
+    assert describe(changed).sentence == "ada changed the role of rita from viewer to approver"
+    assert describe(invited).sentence == "ada invited sam@example.com as auditor"
+    areas = {action.name: area for area, group in actions.grouped() for action in group}
+    assert areas["tenant.created"] == areas["member.added"] == "Members"

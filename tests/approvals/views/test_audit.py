@@ -535,7 +535,7 @@ def test_audit_action_filter_groups_actions_by_area_with_labels(client):
     body = client.get(AUDIT, {"action": "session.cleared"}).content.decode()
 
     areas = re.findall(r'<optgroup label="([^"]+)">', body)
-    assert areas[:4] == ["Tickets", "Runs", "Policies", "Sessions"]
+    assert areas[:5] == ["Tickets", "Runs", "Policies", "Members", "Sessions"]
     assert {"API", "Sign-in", "Notifications", "Audit log"} <= set(areas)
     assert (
         '<optgroup label="Sessions"><option value="session.cleared" selected>Session cleared'

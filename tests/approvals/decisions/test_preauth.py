@@ -268,3 +268,19 @@ def test_candidate_passes_over_an_ineligible_author_to_the_next(setup):
     )
 
     assert (first.pk < later.pk, found) == (True, PreAuthorization.objects.get(pk=later.pk))
+
+
+def test_candidate_passes_over_a_deactivated_author_to_the_next(setup):
+    tenant, ticket, approver = setup
+    first = edit_and_approve(ticket, user=approver, arguments=EDITED)
+    other = Ticket.objects.get(run=paused_run(tenant, requested_by=ticket.requested_by))
+    later = edit_and_approve(other, user=member(tenant, Role.APPROVER), arguments=EDITED)
+    PreAuthorization.objects.filter(pk=later.pk).update(run_id=ticket.run_id)
+    approver.is_active = False
+    approver.save(update_fields=["is_active"])
+
+    found = preauth.candidate(
+        Run.objects.get(pk=ticket.run_id), second_call(ticket, first), now=timezone.now()
+    )
+
+    assert found == PreAuthorization.objects.get(pk=later.pk)

@@ -187,3 +187,33 @@ def test_idempotency_key_known_answer():
             b'["approvals.ledger.v1",7,"ticket:12","deploy_release","production"]'
         ).hexdigest()
     )
+
+
+def test_the_key_is_claimed_before_the_effect_runs_with_its_resource_cut_to_the_field():
+    run = paused_run(TenantFactory())
+    resource = "r" * 600
+    seen = []
+
+    def effect() -> str:
+        record = IdempotencyRecord.objects.get(run=run)
+        seen.append((record.status, record.resource, record.claimed_by))
+        return "done"
+
+    with ledger.resume_scope(scope_of(run, attempt="w3")):
+        ledger.perform(
+            only_call_id(run), operation="deploy_release", resource=resource, effect=effect
+        )
+
+    assert seen == [(LedgerStatus.CLAIMED, "r" * 500, "w3")]
+
+
+def test_a_failing_effects_error_is_kept_to_2000_characters():
+    run = paused_run(TenantFactory())
+
+    def effect() -> str:
+        raise ValueError("x" * 3000)
+
+    with ledger.resume_scope(scope_of(run)), pytest.raises(ValueError):
+        ledger.perform(only_call_id(run), operation="deploy_release", resource="p", effect=effect)
+
+    assert IdempotencyRecord.objects.get(run=run).error == ("ValueError: " + "x" * 3000)[:2000]

@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install run test faults lint format migrate seed worker clean
+.PHONY: install run test faults lint format migrate seed worker clean mutants
 
 CLIENT := clients/python
 EXAMPLE_AGENT := examples/release-agent
@@ -40,6 +40,20 @@ test: install
 faults: install
 	APPROVALS_FAULTS=1 $(BIN)/pytest tests/faults $(PYTEST_ARGS)
 
+# The mutation run over the modules that hold the guarantees ([tool.mutmut] in pyproject.toml,
+# docs/RELIABILITY.md "Mutation score"), on SQLite; not in CI. Results are kept in mutants/ and
+# only changed functions are run again; `rm -rf mutants` starts afresh. One module at a time:
+# make mutants MUTANTS='approvals.execution.ledger.*'. MUTATION_CHILDREN: processes in parallel.
+MUTATION_STAMP := $(VENV)/.mutation-stamp
+MUTATION_CHILDREN ?= 2
+$(MUTATION_STAMP): $(STAMP)
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test,mutation]'
+	touch $(MUTATION_STAMP)
+
+mutants: $(MUTATION_STAMP)
+	DATABASE_URL= REDIS_URL= $(BIN)/mutmut run --max-children $(MUTATION_CHILDREN) $(MUTANTS)
+	$(BIN)/python -m devtools.mutation_score mutants
+
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -50,7 +64,7 @@ format: install
 	$(BIN)/ruff format .
 
 clean:
-	rm -rf $(VENV) db.sqlite3 .test-db.sqlite3 var
+	rm -rf $(VENV) db.sqlite3 .test-db.sqlite3 var mutants
 
 # `make bench`: the benchmark harness (PostgreSQL, real server and workers).
 -include bench.mk

@@ -1,12 +1,16 @@
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from django.conf import settings as django_settings
 from django.db import connection
 
 from approvals.audit import guard
@@ -14,6 +18,51 @@ from devtools.management.commands.webhook_receiver import make_server
 from devtools.processes import child_env, database_url  # noqa: F401 - tests import them here
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def _mutation_sqlite() -> bool:
+    """Under the mutation run (`make mutants`), on SQLite."""
+    return bool(os.environ.get("MUTANT_UNDER_TEST")) and django_settings.DATABASES["default"][
+        "ENGINE"
+    ].endswith("sqlite3")
+
+
+@pytest.fixture(scope="session")
+def django_db_keepdb(request) -> bool:
+    """Under the mutation run on SQLite each process starts from a migrated copy (below), kept
+    as it is: migrating afresh for each of a couple of thousand mutants would cost hours."""
+    return bool(request.config.getvalue("reuse_db")) or _mutation_sqlite()
+
+
+@pytest.fixture(scope="session")
+def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix) -> Iterator[None]:
+    """Under the mutation run (`make mutants`) each process checks mutants in parallel with
+    others: give it a test database of its own, named from the untouched NAME so that a forked
+    process never stacks suffixes on its parent's. On SQLite the first process to finish leaves
+    its migrated database as the template the next ones copy, and each removes its own copy."""
+    if not os.environ.get("MUTANT_UNDER_TEST"):
+        yield
+        return
+    database = django_settings.DATABASES["default"]
+    name = Path(database["NAME"])
+    if not _mutation_sqlite():
+        database.setdefault("TEST", {})["NAME"] = f"test_{name.name}_{os.getpid()}"
+        yield
+        return
+    test_file = name.with_name(f".test-{os.getpid()}-{name.name}")
+    template = name.with_name(f".test-template-{name.name}")
+    if template.exists():
+        shutil.copyfile(template, test_file)
+    database.setdefault("TEST", {})["NAME"] = str(test_file)
+    yield
+    # A kept database is never torn down, so Django's switch of NAME to it is undone here: the
+    # next session in this process (mutmut runs several) starts from the real name again.
+    connection.close()
+    database["NAME"] = connection.settings_dict["NAME"] = str(name)
+    if template.exists():
+        test_file.unlink(missing_ok=True)
+    else:
+        test_file.replace(template)
 
 
 @pytest.fixture(autouse=True)

@@ -1,0 +1,55 @@
+from __future__ import annotations
+
+import pytest
+
+from approvals import members
+from approvals.models import Role
+from tests.support import TenantFactory, UserFactory, member
+
+pytestmark = pytest.mark.django_db
+
+
+def test_roles_of_gives_each_user_their_role_in_each_tenant():
+    first, second = TenantFactory(), TenantFactory()
+    alice = member(first, Role.ADMIN)
+    member(second, Role.VIEWER, username=alice.username)
+    bob = member(second, Role.APPROVER)
+    outsider = UserFactory()
+
+    roles = members.roles_of([alice.pk, bob.pk, outsider.pk])
+
+    assert roles == {
+        alice.pk: {first.pk: Role.ADMIN, second.pk: Role.VIEWER},
+        bob.pk: {second.pk: Role.APPROVER},
+        outsider.pk: {},
+    }
+
+
+def test_roles_of_leaves_out_users_not_asked_about():
+    tenant = TenantFactory()
+    alice = member(tenant, Role.ADMIN)
+    member(tenant, Role.APPROVER)
+
+    assert members.roles_of([alice.pk]) == {alice.pk: {tenant.pk: Role.ADMIN}}
+
+
+def test_membership_for_an_inactive_user_is_none():
+    tenant = TenantFactory()
+    alice = member(tenant, Role.ADMIN)
+    alice.is_active = False
+    alice.save(update_fields=["is_active"])
+
+    assert members.membership_for(alice, tenant.pk) is None
+    assert members.is_admin(alice, tenant.pk) is False
+
+
+def test_membership_for_no_user_is_none():
+    assert members.membership_for(None, TenantFactory().pk) is None
+
+
+def test_is_member_named_only_in_the_tenants_named():
+    first, second = TenantFactory(), TenantFactory()
+    member(second, Role.APPROVER, username="bob")
+
+    assert members.is_member_named("bob", tenant_slugs=[first.slug]) is False
+    assert members.is_member_named("bob", tenant_slugs=[first.slug, second.slug]) is True

@@ -1,0 +1,147 @@
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from devtools import mutation_score
+
+LEDGER = "approvals.execution.ledger.x_idempotency_key__mutmut_"
+
+
+def _write_results(root: Path, module: str, exit_codes: dict[str, int | None]) -> None:
+    meta = root / f"{module}.meta"
+    meta.parent.mkdir(parents=True, exist_ok=True)
+    meta.write_text(json.dumps({"exit_code_by_key": exit_codes}), "utf-8")
+
+
+def _pyproject(tmp_path: Path, *patterns: str) -> Path:
+    path = tmp_path / "pyproject.toml"
+    listed = ", ".join(f'"{p}"' for p in patterns)
+    path.write_text(f"[tool.mutmut]\nonly_mutate = [{listed}]\n", "utf-8")
+    return path
+
+
+def test_score_module_counts_each_outcome_and_sets_equivalents_aside():
+    exit_codes = {
+        f"{LEDGER}1": 1,
+        f"{LEDGER}2": 3,
+        f"{LEDGER}3": 36,
+        f"{LEDGER}4": 0,
+        f"{LEDGER}5": 0,
+        f"{LEDGER}6": 33,
+        f"{LEDGER}7": None,
+    }
+
+    scored = mutation_score.score_module(
+        module="approvals/execution/ledger.py",
+        exit_codes=exit_codes,
+        equivalents={f"{LEDGER}5": "the default is never reached"},
+    )
+
+    assert scored.counts == {
+        "killed": 2,
+        "timeout": 1,
+        "survived": 1,
+        "no_tests": 1,
+        "skipped": 0,
+        "suspicious": 0,
+        "equivalent": 1,
+    }
+    assert scored.not_checked == 1
+    assert scored.scored == 5
+    assert scored.score == pytest.approx(60.0)
+    assert scored.survivors == [f"{LEDGER}4: survived", f"{LEDGER}6: no tests"]
+
+
+def test_score_module_killed_mutant_listed_as_equivalent_stays_killed():
+    scored = mutation_score.score_module(
+        module="m.py", exit_codes={"m.x_f__mutmut_1": 1}, equivalents={"m.x_f__mutmut_1": "why"}
+    )
+
+    assert (scored.counts["killed"], scored.counts["equivalent"]) == (1, 0)
+
+
+def test_main_exits_1_when_the_guarantee_modules_score_below_90(tmp_path):
+    mutants = tmp_path / "mutants"
+    killed = {f"{LEDGER}{n}": 1 for n in range(8)}
+    _write_results(mutants, "approvals/execution/ledger.py", {**killed, f"{LEDGER}9": 0})
+    _write_results(mutants, "approvals/other.py", {"approvals.other.x_f__mutmut_1": 1})
+    equivalents = tmp_path / "equivalents.toml"
+    equivalents.write_text("[equivalent]\n", "utf-8")
+
+    code = mutation_score.main(
+        [
+            str(mutants),
+            "--equivalents",
+            str(equivalents),
+            "--pyproject",
+            str(_pyproject(tmp_path, "approvals/execution/*")),
+        ]
+    )
+
+    assert code == 1
+
+
+def test_main_exits_0_once_the_survivor_is_listed_equivalent(tmp_path, capsys):
+    mutants = tmp_path / "mutants"
+    killed = {f"{LEDGER}{n}": 1 for n in range(8)}
+    _write_results(mutants, "approvals/execution/ledger.py", {**killed, f"{LEDGER}9": 0})
+    equivalents = tmp_path / "equivalents.toml"
+    equivalents.write_text(f'[equivalent]\n"{LEDGER}9" = "same value either way"\n', "utf-8")
+
+    code = mutation_score.main(
+        [
+            str(mutants),
+            "--equivalents",
+            str(equivalents),
+            "--pyproject",
+            str(_pyproject(tmp_path, "approvals/execution/ledger.py")),
+        ]
+    )
+
+    out = capsys.readouterr().out
+    assert code == 0
+    assert out.splitlines()[1].split()[:3] == ["approvals/execution/ledger.py", "100.0%", "8"]
+    assert out.splitlines()[2].split()[:4] == ["total", "(guarantee", "modules)", "100.0%"]
+
+
+def test_report_total_leaves_out_modules_outside_the_guarantee_list():
+    results = {
+        "approvals/execution/ledger.py": {f"{LEDGER}1": 1},
+        "approvals/other.py": {"approvals.other.x_f__mutmut_1": 0},
+    }
+
+    total = mutation_score.report(
+        results=results,
+        equivalents={},
+        patterns=["approvals/execution/ledger.py"],
+        out=io.StringIO(),
+    )
+
+    assert (total.caught, total.scored) == (1, 1)
+
+
+def test_load_equivalents_refuses_an_entry_without_a_reason(tmp_path):
+    path = tmp_path / "equivalents.toml"
+    path.write_text(f'[equivalent]\n"{LEDGER}1" = " "\n', "utf-8")
+
+    with pytest.raises(ValueError, match="needs a one-line reason"):
+        mutation_score.load_equivalents(path)
+
+
+def test_main_exits_2_without_results(tmp_path, capsys):
+    code = mutation_score.main([str(tmp_path / "mutants")])
+
+    assert code == 2
+    assert capsys.readouterr().err == (
+        f"No mutation results under {tmp_path / 'mutants'}: run mutmut first.\n"
+    )
+
+
+def test_checked_in_equivalents_each_carry_a_reason():
+    equivalents = mutation_score.load_equivalents(mutation_score.EQUIVALENTS)
+
+    assert all("__mutmut_" in name for name in equivalents)

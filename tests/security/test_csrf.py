@@ -17,7 +17,17 @@ from django.urls import reverse
 
 from api import tokens
 from api.models import ApiToken
-from approvals.models import AuditEvent, Role, Run, Tenant, Ticket, TicketStatus
+from approvals import invitations
+from approvals.models import (
+    AuditEvent,
+    Invitation,
+    Membership,
+    Role,
+    Run,
+    Tenant,
+    Ticket,
+    TicketStatus,
+)
 from notifications.models import Delivery, EmailDelivery, WebhookEndpoint
 from sessions_admin.models import StoredItem, StoredSession
 from tests.security import UnfillableRoute, fill, routes
@@ -40,6 +50,8 @@ class Side:
     delivery_ids: list[int]
     email_ids: list[int]
     token_prefixes: list[str]
+    member_ids: list[int]
+    invitation_ids: list[int]
 
 
 @pytest.fixture(autouse=True)
@@ -61,6 +73,9 @@ def own():
     token = tokens.issue(
         tenant=tenant, name="acme deploy bot", scopes=["runs:read"], created_by=admin
     ).token
+    invitation = invitations.invite(
+        tenant=tenant, email="new@acme.example", role=Role.APPROVER, actor=admin
+    ).invitation
     side = Side(
         Ticket.objects.get(run=run),
         run,
@@ -70,6 +85,8 @@ def own():
         [delivery.pk],
         [email.pk],
         [token.prefix],
+        [run.requested_by_id],
+        [invitation.pk],
     )
     return tenant, admin, side
 
@@ -110,6 +127,8 @@ def snapshot(tenant: Tenant) -> tuple:
         list(Delivery.objects.values_list("pk", "status", "attempts")),
         list(EmailDelivery.objects.values_list("pk", "status", "attempts")),
         list(ApiToken.objects.values_list("pk", "revoked_at")),
+        list(Membership.objects.values_list("pk", "role")),
+        list(Invitation.objects.values_list("pk", "revoked_at", "accepted_at")),
     )
 
 

@@ -107,7 +107,7 @@ def test_audit_history_reads_as_a_record_at_both_widths(console_browser, live_se
         areas = page.locator("#action-filter optgroup").evaluate_all(
             "groups => groups.map(g => g.label)"
         )
-        assert areas[:4] == ["Tickets", "Runs", "Policies", "Sessions"]
+        assert areas[:5] == ["Tickets", "Runs", "Policies", "Members", "Sessions"]
         sessions = page.locator('#action-filter optgroup[label="Sessions"] option')
         expect(sessions).to_have_text(["Session cleared"])
         screenshot(page, "audit-record-1-history")

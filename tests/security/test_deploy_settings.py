@@ -57,6 +57,7 @@ def production_env(**extra: str) -> dict[str, str]:
         APPROVALS_AUDIT_SIGNING_KEY=new_encryption_key(),
         APPROVALS_DECISION_SIGNING_KEYS=f"decision1:{new_encryption_key()}",
         DJANGO_ALLOWED_HOSTS=HOST,
+        APPROVALS_PUBLIC_URL=f"https://{HOST}",
         **extra,
     )
     return env

@@ -14,6 +14,7 @@ from django.utils import timezone
 
 from approvals.audit import chain
 from approvals.core.canonical import arguments_digest, canonical_json
+from approvals.core.redaction import is_secret_key, secret_shape
 from approvals.decisions import calls, decide, preauth
 from approvals.decisions.errors import (
     InvalidArgumentsError,
@@ -78,6 +79,39 @@ def parse_correction(text: str) -> Correction | None:
     return Correction(match.group("tool"), arguments)
 
 
+def _string_leaves(value: Any, path: str = "") -> dict[str, str]:
+    """Each string in an argument tree by its path, secret-named fields left out."""
+    if isinstance(value, dict):
+        leaves: dict[str, str] = {}
+        for key, item in value.items():
+            if not is_secret_key(str(key)):
+                leaves.update(_string_leaves(item, f"{path}.{key}"))
+        return leaves
+    if isinstance(value, list):
+        leaves = {}
+        for index, item in enumerate(value):
+            leaves.update(_string_leaves(item, f"{path}[{index}]"))
+        return leaves
+    return {path: value} if isinstance(value, str) else {}
+
+
+def retitled(title: str, *, before: dict, after: dict) -> str:
+    """The run's title once an edit is recorded: each edited string argument whose old value
+    the title names is named by its new value ("Deploy 2026.07.25" becomes "Deploy 2026.07.26"),
+    so the run's title says what runs. A title naming none of them is kept as it is, and a new
+    value that looks like a secret never goes into a title.
+
+    No side effects; raises nothing.
+    """
+    old_leaves, new_leaves = _string_leaves(before), _string_leaves(after)
+    for path, old in old_leaves.items():
+        new = new_leaves.get(path)
+        if new is None or new == old or not old or secret_shape(new):
+            continue
+        title = title.replace(old, new)
+    return " ".join(title.split())[:200]
+
+
 def check_editable(ticket: Ticket, user) -> Any:
     """The tool whose schema the user's edited arguments must fit, if the user may edit the
     ticket now: the edit page asks before showing its form, edit_and_approve() before acting.
@@ -116,7 +150,8 @@ def edit_and_approve(
     ticket counts as this user's approval (automatic.decide_automatically, from tickets.open_tickets).
     Side effects, in one transaction: the ticket rejected by the same compare-and-set as a
     rejection; a PreAuthorization (canonical arguments, digest, expiry one ticket lifetime
-    away); audit event ticket.edited with the changes; when it was the run's last pending
+    away); the run's title names the edited values (retitled()), the requested one kept in the event; audit event ticket.edited
+    with the changes; when it was the run's last pending
     ticket, the run queued and the resume enqueued; after commit, live hints. Raises
     TicketNotFoundError, NotAllowedError, SelfApprovalError (editing approves, so the requester
     may not), TicketExpiredError, AlreadyDecidedError, ToolUnavailableError,
@@ -159,6 +194,11 @@ def edit_and_approve(
             created_at=now,
             expires_at=now + scopes.time_to_live(policy),
         )
+        requested = run.title
+        title = retitled(requested, before=json.loads(ticket.arguments_json), after=arguments)
+        if title != requested:
+            run.title = title
+            run.save(update_fields=["title"])
         chain.append_for_ticket(
             ticket,
             action="ticket.edited",
@@ -168,6 +208,8 @@ def edit_and_approve(
                 "edited_digest": digest,
                 "changes": preauth.changes(json.loads(ticket.arguments_json), arguments),
                 **({"message": note} if note else {}),
+                # What was asked stays on record when the title now names what runs.
+                **({"title": {"before": requested, "after": title}} if title != requested else {}),
             },
         )
         hints.notify_on_commit(

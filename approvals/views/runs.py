@@ -112,7 +112,16 @@ def run_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
         .order_by("pk")
     )
     edited = {pre.original_ticket_id for pre in pres}
+    # An edit may have renamed the run to what runs; the first one recorded what was asked.
+    retitles = [
+        event.detail["title"]
+        for event in AuditEvent.objects.filter(
+            run_id=run.pk, action="ticket.edited", ticket_id__in=edited
+        ).order_by("seq")
+        if isinstance(event.detail.get("title"), dict)
+    ]
     context = {
+        "requested_title": retitles[0].get("before", "") if retitles else "",
         "run": run,
         "membership": membership,
         "timeline": _timeline(run),
@@ -129,7 +138,7 @@ def run_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
             if t.generation == run.state_generation
             and t.status in (TicketStatus.APPROVED, TicketStatus.REJECTED)
         ],
-        # The title is the prompt as requested; what was approved instead is said beside it.
+        # The title names what runs; what was approved instead of the request is said beside it.
         "edits": [
             {
                 "pre": pre,

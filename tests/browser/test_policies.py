@@ -54,6 +54,9 @@ def test_two_approvals_set_by_an_admin_two_approve_a_third_watches(console_brows
         _sign_in(watcher, carol.username)
         watcher.goto(ticket_path)
         expect(watcher.locator("#quorum-progress")).to_have_text("0 of 2 approvals")
+        hints = watcher.locator("#keys [data-hint]")
+        expect(hints).to_have_count(4)
+        assert hints.evaluate_all("els => els.map(e => e.dataset.hint)") == ["a", "r", "Esc", "c"]
         _wait_live(watcher)
         _mark_loaded(watcher)
 
@@ -75,6 +78,14 @@ def test_two_approvals_set_by_an_admin_two_approve_a_third_watches(console_brows
 
         expect(watcher.locator("#decision-outcome")).to_contain_text("Approved")
         expect(watcher.locator("#decision-voters")).to_have_text("Approved by rm-alice, rm-bob.")
+        # Every part of the page followed: the badge, the quorum, the expiry line, the claim.
+        expect(watcher.locator("#ticket-status")).to_have_attribute("data-status", "approved")
+        expect(watcher.locator("#head-progress")).to_have_count(0)
+        expect(watcher.locator("#ticket-expiry")).to_have_count(0)
+        expect(watcher.locator("#ticket-decided")).to_contain_text("approved by rm-bob at")
+        expect(watcher.locator("#claim-form")).to_have_count(0)
+        # The keys went with the buttons: nothing is left to approve, reject or claim.
+        expect(watcher.locator("#keys [data-hint]")).to_have_count(0)
         assert watcher.evaluate("window.__notReloaded === true"), "the page was reloaded"
         screenshot(watcher, "policy-third-approver-watching")
 

@@ -125,6 +125,36 @@ def test_edit_and_approve_rejects_the_original_with_the_corrected_arguments(setu
     assert not AuditEvent.objects.filter(action="ticket.rejected").exists()
 
 
+def test_edit_and_approve_names_the_edited_release_in_the_run_title(setup):
+    _, ticket, approver = setup
+    assert ticket.run.title == "Deploy release 2026.07.24 to production"
+
+    edit_and_approve(ticket, user=approver, arguments=EDITED)
+
+    assert Run.objects.get(pk=ticket.run_id).title == "Deploy release 2026.07.25 to production"
+
+
+def test_retitled_keeps_a_title_naming_no_edited_value_and_never_takes_a_secret():
+    before = {"release": "2026.07.24", "environment": "staging", "token": "old-token"}
+
+    assert edit.retitled("Ship it", before=before, after={**before, "release": "2026.07.25"}) == (
+        "Ship it"
+    )
+    assert (
+        edit.retitled(
+            "Deploy 2026.07.24 to staging with old-token",
+            before=before,
+            after={**before, "environment": "production", "token": "new-token"},
+        )
+        == "Deploy 2026.07.24 to production with old-token"
+    )
+    secret = "sk-" + "a" * 40
+    assert (
+        edit.retitled("Deploy 2026.07.24", before=before, after={**before, "release": secret})
+        == "Deploy 2026.07.24"
+    )
+
+
 @RESUMES
 def test_edit_and_approve_end_to_end_runs_the_edited_release_once(setup, model_calls):
     _, ticket, approver = setup
@@ -908,8 +938,12 @@ def test_the_run_page_says_what_was_requested_and_what_was_approved_as_edited(cl
     run.refresh_from_db()
     assert run.status == RunStatus.COMPLETED
     assert run.final_output == "Release 2026.07.25: Release 2026.07.25 is live on staging."
-    assert run.title == "Deploy release 2026.07.24 to staging"  # what was asked stays on record
-    assert '<span id="run-title">Requested: “Deploy release 2026.07.24 to staging”</span>' in page
+    # The title names what ran; what was asked stays on the page beside it.
+    assert run.title == "Deploy release 2026.07.25 to staging"
+    assert (
+        '<span id="run-title">“Deploy release 2026.07.25 to staging” <span class="muted" '
+        'id="run-requested">(requested as “Deploy release 2026.07.24 to staging”)</span></span>'
+    ) in page
     assert (
         f'<p class="run-edited" id="run-edited-{ticket.pk}"><strong>Approved as edited</strong> by '
         f'approver (<a href="/tickets/{ticket.pk}/">ticket #{ticket.pk}</a>, '

@@ -124,6 +124,9 @@ def _console():
         "deliveries": "/notifications/acme/deliveries/",
         "emails": "/notifications/acme/emails/",
         "tokens": "/team/tokens/",
+        "members": "/team/members/",
+        "member-remove": f"/team/members/{people[Role.VIEWER].pk}/remove/",
+        "me": "/me/",
         "api-docs": "/api/v1/docs",
     }
     return people, pages
@@ -192,3 +195,4 @@ def test_every_page_fits_a_phone_for_every_role(console_browser, live_server_onl
     assert seen["edit"] == [Role.APPROVER, Role.ADMIN]
     assert seen["audit"] == [Role.AUDITOR, Role.ADMIN]
     assert seen["webhooks"] == [Role.ADMIN]
+    assert seen["members"] == [Role.ADMIN]

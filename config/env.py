@@ -220,3 +220,80 @@ def load_dev_secrets(path: Path) -> dict[str, str]:
         )
         values |= missing
     return values
+
+
+_PROVIDER_ID = re.compile(r"^[a-z0-9][a-z0-9-]{0,29}$")
+
+
+def _oidc_provider(raw: dict, where: str) -> dict:
+    """One OpenID Connect provider as allauth's openid_connect app: issuer, client id, secret."""
+    if not isinstance(raw, dict):
+        raise ImproperlyConfigured(f"{where} must be an object with issuer, client_id, secret")
+    missing = [key for key in ("issuer", "client_id", "secret") if not raw.get(key)]
+    if missing:
+        raise ImproperlyConfigured(f"{where} needs {', '.join(missing)}")
+    provider_id = str(raw.get("id") or "sso")
+    if not _PROVIDER_ID.match(provider_id):
+        raise ImproperlyConfigured(
+            f"{where}: id {provider_id!r} must be lower-case letters, digits and dashes"
+        )
+    issuer = str(raw["issuer"]).rstrip("/")
+    parts = urlsplit(issuer)
+    if parts.scheme not in {"http", "https"} or not parts.netloc:
+        raise ImproperlyConfigured(f"{where}: issuer {issuer!r} is not an http(s) URL")
+    scopes = raw.get("scopes") or ["openid", "profile", "email"]
+    if isinstance(scopes, str):
+        scopes = scopes.split()
+    return {
+        "provider_id": provider_id,
+        "name": str(raw.get("name") or "Single sign-on"),
+        "client_id": str(raw["client_id"]),
+        "secret": str(raw["secret"]),
+        "settings": {
+            "server_url": issuer,
+            "oauth_pkce_enabled": True,
+            "scope": list(scopes),
+            # The claim whose values map to tenant roles (accounts.sso).
+            "groups_claim": str(raw.get("groups_claim") or "groups"),
+        },
+    }
+
+
+def oidc_providers() -> list[dict]:
+    """The OpenID Connect providers people may sign in with.
+
+    One provider: APPROVALS_OIDC_ISSUER, APPROVALS_OIDC_CLIENT_ID, APPROVALS_OIDC_CLIENT_SECRET
+    (and optionally APPROVALS_OIDC_ID, _NAME, _SCOPES, _GROUPS_CLAIM). Several:
+    APPROVALS_OIDC_PROVIDERS, a JSON list of objects with id, name, issuer, client_id, secret,
+    scopes and groups_claim. None set: no single sign-on.
+    """
+    import json
+
+    providers: list[dict] = []
+    listed = os.environ.get("APPROVALS_OIDC_PROVIDERS", "").strip()
+    if listed:
+        try:
+            entries = json.loads(listed)
+        except ValueError as error:
+            raise ImproperlyConfigured(f"APPROVALS_OIDC_PROVIDERS is not JSON: {error}") from None
+        if not isinstance(entries, list):
+            raise ImproperlyConfigured("APPROVALS_OIDC_PROVIDERS must be a JSON list of objects")
+        providers = [
+            _oidc_provider(entry, f"APPROVALS_OIDC_PROVIDERS[{index}]")
+            for index, entry in enumerate(entries)
+        ]
+    single = {
+        "id": os.environ.get("APPROVALS_OIDC_ID", ""),
+        "name": os.environ.get("APPROVALS_OIDC_NAME", ""),
+        "issuer": os.environ.get("APPROVALS_OIDC_ISSUER", ""),
+        "client_id": os.environ.get("APPROVALS_OIDC_CLIENT_ID", ""),
+        "secret": os.environ.get("APPROVALS_OIDC_CLIENT_SECRET", ""),
+        "scopes": os.environ.get("APPROVALS_OIDC_SCOPES", ""),
+        "groups_claim": os.environ.get("APPROVALS_OIDC_GROUPS_CLAIM", ""),
+    }
+    if any(single[key] for key in ("issuer", "client_id", "secret")):
+        providers.append(_oidc_provider(single, "APPROVALS_OIDC_ISSUER/_CLIENT_ID/_CLIENT_SECRET"))
+    ids = [provider["provider_id"] for provider in providers]
+    if len(ids) != len(set(ids)):
+        raise ImproperlyConfigured(f"OpenID Connect provider ids repeat: {', '.join(ids)}")
+    return providers

@@ -22,6 +22,7 @@ from config.env import (
     env_str,
     env_url,
     load_dev_secrets,
+    oidc_providers,
     parse_encryption_keys,
     parse_signing_key,
     sqlite_database,
@@ -61,13 +62,24 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    # allauth's two-factor pages use its filters.
+    "django.contrib.humanize",
     "django_htmx",
     "template_partials",
     "channels",
     "django_tasks",
     "django_tasks_db",
     "axes",
+    # Accounts (django-allauth): local passwords, single sign-on with OpenID Connect,
+    # two-factor (TOTP, recovery codes, passkeys) and each person's list of sessions.
+    "allauth",
+    "allauth.account",
+    "allauth.socialaccount",
+    "allauth.socialaccount.providers.openid_connect",
+    "allauth.mfa",
+    "allauth.usersessions",
     "approvals",
+    "accounts",
     "sessions_admin",
     "notifications",
     "api",
@@ -84,6 +96,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "allauth.account.middleware.AccountMiddleware",
+    "allauth.usersessions.middleware.UserSessionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
     "approvals.middleware.SecurityHeadersMiddleware",
     "approvals.middleware.DatabaseUnavailableMiddleware",
@@ -95,6 +109,7 @@ MIDDLEWARE = [
 AUTHENTICATION_BACKENDS = [
     "axes.backends.AxesStandaloneBackend",
     "django.contrib.auth.backends.ModelBackend",
+    "allauth.account.auth_backends.AuthenticationBackend",
 ]
 
 ROOT_URLCONF = "config.urls"
@@ -179,6 +194,38 @@ STATIC_ROOT = BASE_DIR / "var" / "static"
 LOGIN_URL = "/login/"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/login/"
+
+# --- Accounts (django-allauth; accounts/, docs/DEPLOY.md "Sign-in") ---------------------------
+# People sign in by username; nobody signs up: a local account is made by an admin (or an
+# invitation), an SSO account only by an invitation or a group mapped to a role (accounts.sso).
+ACCOUNT_LOGIN_METHODS = {"username"}
+ACCOUNT_SIGNUP_FIELDS = ["username*", "email", "password1*", "password2*"]
+ACCOUNT_EMAIL_VERIFICATION = "none"
+ACCOUNT_ADAPTER = "accounts.adapters.AccountAdapter"
+ACCOUNT_LOGOUT_ON_GET = False
+ACCOUNT_SESSION_REMEMBER = None
+# django-axes keeps the lockout (five failures, fifteen minutes): allauth's own limit on failed
+# sign-ins would answer first with another page, so it is off; its other limits stay.
+ACCOUNT_RATE_LIMITS = {"login_failed": False}
+ACCOUNT_REAUTHENTICATION_TIMEOUT = 300
+ACCOUNT_EMAIL_NOTIFICATIONS = False
+SOCIALACCOUNT_ADAPTER = "accounts.adapters.SocialAccountAdapter"
+SOCIALACCOUNT_AUTO_SIGNUP = True
+SOCIALACCOUNT_EMAIL_AUTHENTICATION = False
+SOCIALACCOUNT_LOGIN_ON_GET = False
+SOCIALACCOUNT_STORE_TOKENS = False
+SOCIALACCOUNT_ONLY = False
+# OpenID Connect providers from the environment (config.env.oidc_providers): Okta, Entra ID,
+# Google Workspace, Keycloak... each with its issuer, client id and secret.
+SOCIALACCOUNT_PROVIDERS = {"openid_connect": {"APPS": oidc_providers()}}
+MFA_SUPPORTED_TYPES = ["totp", "recovery_codes", "webauthn"]
+MFA_PASSKEY_LOGIN_ENABLED = True
+MFA_TOTP_ISSUER = env_str("APPROVALS_TOTP_ISSUER", "Approval console")
+# Passkeys are bound to the console's origin; plain http is allowed on loopback in development.
+MFA_WEBAUTHN_ALLOW_INSECURE_ORIGIN = not PRODUCTION
+MFA_ADAPTER = "accounts.adapters.MFAAdapter"
+# Sessions are recorded at sign-in; tracking each request would cost queries on every page.
+USERSESSIONS_TRACK_ACTIVITY = False
 
 # Sign-in brute force: five failures for one username from one address lock it for 15 minutes.
 AXES_FAILURE_LIMIT = env_int("AXES_FAILURE_LIMIT", 5, minimum=1)

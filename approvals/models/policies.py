@@ -60,6 +60,12 @@ class ApprovalPolicy(models.Model):
     # [{"argument": "environment", "op": "ne", "value": "production", "decision": "approve",
     #   "reason": "..."}, ...]
     auto_rules = models.JSONField(default=list, blank=True)
+    # Step-up: an approval needs a second factor proven within the last N minutes of the
+    # approver's session (None: no step-up). With rules ([{"argument": "environment", "op":
+    # "eq", "value": "production"}, ...]) only a call one of them matches needs it. A batch or
+    # an API token cannot approve such a call (approvals.decisions.stepup).
+    step_up_minutes = models.PositiveSmallIntegerField(null=True, blank=True)
+    step_up_rules = models.JSONField(default=list, blank=True)
     # A version that removes the scope's own policy: tickets fall back to the next scope (the
     # tool alone, the agent alone, the tenant default, the built-in default). It keeps the
     # values of the version it removed, for the history; a later save brings the scope back.

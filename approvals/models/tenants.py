@@ -14,6 +14,9 @@ class Tenant(models.Model):
     audit_seq = models.BigIntegerField(default=0)
     audit_head = models.CharField(max_length=64, default="")
     created_at = models.DateTimeField(default=timezone.now)
+    # Deciders (approvers and admins) must have a second factor (TOTP or a passkey) before
+    # they may decide a ticket (approvals.decisions.decide.check_decider).
+    deciders_need_two_factor = models.BooleanField(default=False)
 
     class Meta:
         ordering = ["slug"]

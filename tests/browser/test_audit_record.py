@@ -34,7 +34,7 @@ DESKTOP = {"width": 1280, "height": 860}
 
 def _sign_in(page, username: str, then: str) -> None:
     page.goto(f"/login/?next={then}")
-    page.fill("#id_username", username)
+    page.fill("#id_login", username)
     page.fill("#id_password", PASSWORD)
     page.click("form button[type=submit]")
     expect(page).to_have_url(re.compile(re.escape(then) + "$"))

@@ -66,7 +66,7 @@ def test_a_caller_script_waits_while_a_person_approves_in_the_browser(
         with console_browser() as browser:
             page = new_page(browser, live_console)
             page.goto("/")
-            page.fill("#id_username", approver.username)
+            page.fill("#id_login", approver.username)
             page.fill("#id_password", PASSWORD)
             page.click("form button[type=submit]")
             expect(page.locator(".whoami")).to_have_text(approver.username)

@@ -81,7 +81,7 @@ def _ticket(run: Run) -> Ticket:
 def _sign_in(page, username: str) -> None:
     page.goto("/")
     expect(page).to_have_url(re.compile(r"/login/\?next=/$"))
-    page.fill("#id_username", username)
+    page.fill("#id_login", username)
     page.fill("#id_password", PASSWORD)
     page.click("form button[type=submit]")
     expect(page).to_have_url(re.compile(r"/$"))

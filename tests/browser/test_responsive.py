@@ -140,7 +140,7 @@ def _overflow(page, where: str) -> list[str]:
 
 def _sign_in(page, username: str) -> None:
     page.goto("/login/")
-    page.fill("#id_username", username)
+    page.fill("#id_login", username)
     page.fill("#id_password", PASSWORD)
     page.click("form button[type=submit]")
     expect(page).not_to_have_url(re.compile(r"/login/"))
@@ -157,7 +157,7 @@ def test_every_page_fits_a_phone_for_every_role(console_browser, live_server_onl
         context.set_default_timeout(15_000)
         page = context.new_page()
         page.goto("/login/")
-        expect(page.locator("#id_username")).to_be_visible()
+        expect(page.locator("#id_login")).to_be_visible()
         too_wide += _overflow(page, "the sign-in page")
         screenshot(page, "responsive-login-390")
         context.close()

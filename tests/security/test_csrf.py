@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pytest
+from allauth.mfa.models import Authenticator
 from django.conf import settings as django_settings
 from django.test import Client
 from django.urls import reverse
@@ -52,6 +53,7 @@ class Side:
     token_prefixes: list[str]
     member_ids: list[int]
     invitation_ids: list[int]
+    passkey_ids: list[int]
 
 
 @pytest.fixture(autouse=True)
@@ -76,6 +78,11 @@ def own():
     invitation = invitations.invite(
         tenant=tenant, email="new@acme.example", role=Role.APPROVER, actor=admin
     ).invitation
+    passkey = Authenticator.objects.create(
+        user=admin,
+        type=Authenticator.Type.WEBAUTHN,
+        data={"name": "acme-admin's key", "credential": {}, "passwordless": True},
+    )
     side = Side(
         Ticket.objects.get(run=run),
         run,
@@ -87,6 +94,7 @@ def own():
         [token.prefix],
         [run.requested_by_id],
         [invitation.pk],
+        [passkey.pk],
     )
     return tenant, admin, side
 
@@ -219,17 +227,19 @@ def test_csrf_every_post_only_view_refuses_get(own):
         "resolve": reverse("approvals:resolve", args=[side.run.pk]),
         "switch-tenant": reverse("approvals:switch-tenant"),
         "purge-confirm": reverse("sessions_admin:purge-confirm"),
-        "logout": reverse("logout"),
     }
 
     statuses = {name: client.get(url, FORM).status_code for name, url in urls.items()}
-    # The clear page answers GET with a confirmation, and only POST clears.
+    # The clear page and sign-out answer GET with a confirmation, and only POST acts.
     clear = client.get(
         reverse("sessions_admin:clear", args=["django", "acme"]), {"id": "acme-session"}
     )
+    sign_out = client.get(reverse("logout"), FORM)
 
     assert statuses == dict.fromkeys(urls, 405)
     assert clear.status_code == 200
+    assert sign_out.status_code == 200
+    assert client.get(reverse("approvals:queue")).status_code == 200
     assert StoredSession.objects.filter(session_id="acme-session").count() == 1
     assert Ticket.objects.get(pk=side.ticket.pk).status == TicketStatus.PENDING
 

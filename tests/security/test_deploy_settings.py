@@ -99,7 +99,7 @@ def cookie(response, name):
 
 plain = Client(HTTP_HOST="console.example.com").get("/login/")
 page = client.get("/login/")
-signed_in = client.post("/login/", {"username": "prod-user", "password": "a long pass phrase 42"})
+signed_in = client.post("/login/", {"login": "prod-user", "password": "a long pass phrase 42"})
 print(json.dumps({
     "settings": {name: getattr(settings, name) for name in %(settings)r},
     "plain": [plain.status_code, plain.get("Location")],
@@ -184,7 +184,7 @@ def test_deploy_sign_in_cookies_are_secure_and_httponly_with_production_values(c
 
     page = client.get(reverse("login"), secure=True)
     response = client.post(
-        reverse("login"), {"username": "cookie-user", "password": "test-pass-123"}, secure=True
+        reverse("login"), {"login": "cookie-user", "password": "test-pass-123"}, secure=True
     )
 
     assert response.status_code == 302

@@ -7,12 +7,14 @@ from KWARGS, and a kwarg KWARGS cannot fill fails the sweep with what to add.
 from __future__ import annotations
 
 import asyncio
+import time
 import types
 from dataclasses import dataclass, field
 from urllib.parse import urlencode
 
 import pytest
 from agents.memory import SQLiteSession
+from allauth.mfa.models import Authenticator
 from django.db import transaction
 from django.test import Client
 from django.urls import get_resolver, path, resolve
@@ -55,6 +57,8 @@ KWARGS: dict[str, Kwarg] = {
             tickets=lambda side: side.ticket.pk,
             runs=lambda side: side.run.pk,
             team=lambda side: side.invitation_ids[0],
+            # B's member's passkey: nobody else may rename or remove it.
+            accounts=lambda side: side.passkey_ids[0],
         ),
         scoped=True,
     ),
@@ -76,6 +80,8 @@ KWARGS: dict[str, Kwarg] = {
     # An invitation's link is its own credential, for anyone who holds it: a token nobody was
     # sent must show nothing.
     "token": Kwarg(constant("x" * 43), scoped=False),
+    # Single sign-on: the configured provider's id, and one that is not configured.
+    "provider_id": Kwarg(constant("sso", "nobody"), scoped=False),
 }
 # Query parameters that name an object (the sessions pages take ?id=SESSION): every
 # object-scoped URL is also asked with each of tenant B's values.
@@ -104,6 +110,7 @@ class Side:
     token_prefixes: list[str] = field(default_factory=list)
     member_ids: list[int] = field(default_factory=list)
     invitation_ids: list[int] = field(default_factory=list)
+    passkey_ids: list[int] = field(default_factory=list)
 
 
 def webhook_for(tenant: Tenant, admin, url: str) -> tuple[WebhookEndpoint, Delivery]:
@@ -177,6 +184,11 @@ def world() -> dict:
     invitation = invitations.invite(
         tenant=bravo, email="new@bravo-corp.example", role=Role.APPROVER, actor=bravo_admin
     ).invitation
+    passkey = Authenticator.objects.create(
+        user=bravo_admin,
+        type=Authenticator.Type.WEBAUTHN,
+        data={"name": "bravo-admin's key", "credential": {}, "passwordless": True},
+    )
     return {
         "alpha": alpha,
         "alpha_run": alpha_run,
@@ -192,6 +204,7 @@ def world() -> dict:
             token_prefixes=[token.prefix],
             member_ids=[bravo_admin.pk],
             invitation_ids=[invitation.pk],
+            passkey_ids=[passkey.pk],
         ),
     }
 
@@ -225,10 +238,24 @@ def with_query(url: str, side) -> list[str]:
     return urls
 
 
+def fresh_sign_in(client: Client, user) -> None:
+    """As if the user had just typed their password again and used their second factor."""
+    session = client.session
+    now = time.time()
+    session["account_authentication_methods"] = [
+        {"method": "password", "at": now, "username": user.username, "reauthenticated": True},
+        {"method": "mfa", "at": now, "type": "totp", "reauthenticated": True},
+    ]
+    session["account_authentication_methods_user"] = str(user.pk)
+    session.save()
+
+
 def request(client: Client, user, method: str, url: str, data: dict | None = None):
     # Sign in again each time: a swept POST /logout/ must not turn later requests anonymous.
+    # The sign-in is fresh, so pages that ask to re-authenticate first (two-factor) answer.
     if user is not None:
         client.force_login(user)
+        fresh_sign_in(client, user)
     if method == "GET":
         return client.get(url, data or {})
     return client.post(url, data or {})
@@ -335,8 +362,16 @@ def test_url_sweep_own_objects_answer_200_so_the_sweep_can_fail(client, world):
         token_prefixes=[token.prefix],
         member_ids=[alpha_admin.pk],
         invitation_ids=[invitation.pk],
+        passkey_ids=[
+            Authenticator.objects.create(
+                user=alpha_admin,
+                type=Authenticator.Type.WEBAUTHN,
+                data={"name": "alpha key", "credential": {}, "passwordless": True},
+            ).pk
+        ],
     )
     client.force_login(alpha_admin)
+    fresh_sign_in(client, alpha_admin)
     statuses = {}
     for route in routes():
         if is_scoped(route, KWARGS):
@@ -367,6 +402,8 @@ def test_url_sweep_own_objects_answer_200_so_the_sweep_can_fail(client, world):
         "approvals:member-role": 405,
         "approvals:member-remove": 200,
         "approvals:invitation-revoke": 405,
+        "mfa_remove_webauthn": 200,
+        "mfa_edit_webauthn": 200,
     }
 
 

@@ -19,11 +19,11 @@ LOGIN = reverse("login")
 LOGOUT = reverse("logout")
 QUEUE = reverse("approvals:queue")
 SWITCH = reverse("approvals:switch-tenant")
-WRONG = "Please enter a correct username and password."
+WRONG = "The username and/or password you specified are not correct."
 
 
 def sign_in(client, username: str, password: str = PASSWORD, **extra):
-    return client.post(LOGIN, {"username": username, "password": password, **extra})
+    return client.post(LOGIN, {"login": username, "password": password, **extra})
 
 
 def test_login_page_renders_the_form(client):
@@ -146,12 +146,13 @@ def test_logout_by_post_ends_the_session(client):
     assert client.get(QUEUE).status_code == 302
 
 
-def test_logout_by_get_is_refused(client):
+def test_logout_by_get_only_asks_to_confirm(client):
     client.force_login(member(TenantFactory(), Role.VIEWER))
 
     response = client.get(LOGOUT)
 
-    assert response.status_code == 405
+    assert response.status_code == 200
+    assert 'method="post"' in response.content.decode()
     assert SESSION_KEY in client.session
 
 

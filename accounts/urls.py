@@ -1,0 +1,27 @@
+"""The allauth pages the console uses, and no others: no sign-up form, no e-mail management,
+no password reset by mail (an admin resets a password); sign-in, two-factor, single sign-on and
+the list of one's sessions."""
+
+from __future__ import annotations
+
+from allauth.account import views as account_views
+from allauth.socialaccount.providers.openid_connect import views as oidc_views
+from django.urls import include, path
+
+urlpatterns = [
+    path("login/", account_views.login, name="account_login"),
+    path("logout/", account_views.logout, name="account_logout"),
+    path("inactive/", account_views.account_inactive, name="account_inactive"),
+    path("reauthenticate/", account_views.reauthenticate, name="account_reauthenticate"),
+    path("password/change/", account_views.password_change, name="account_change_password"),
+    path("2fa/", include("allauth.mfa.urls")),
+    path("3rdparty/", include("allauth.socialaccount.urls")),
+    # OpenID Connect: /accounts/oidc/<provider id>/login/ and .../login/callback/.
+    path("oidc/<str:provider_id>/login/", oidc_views.login, name="openid_connect_login"),
+    path(
+        "oidc/<str:provider_id>/login/callback/",
+        oidc_views.callback,
+        name="openid_connect_callback",
+    ),
+    path("sessions/", include("allauth.usersessions.urls")),
+]

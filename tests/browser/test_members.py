@@ -86,7 +86,7 @@ def test_admin_adds_changes_a_role_invites_and_the_invitee_accepts(
         expect(phone.locator("h1")).to_have_text("Join Acme")
         _no_sideways_scroll(phone)
         screenshot(phone, "invitation-390")
-        phone.fill("#id_login", "nina")
+        phone.fill("#id_username", "nina")
         phone.fill("#id_password", NEW_PASSWORD)
         phone.fill("#id_password_again", NEW_PASSWORD)
         phone.click("#accept")

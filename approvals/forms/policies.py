@@ -137,7 +137,9 @@ class PolicyForm(forms.Form):
         try:
             return rules.parse_conditions(self.cleaned_data["step_up_rules"])
         except rules.RuleSyntaxError as error:
-            raise forms.ValidationError(str(error).capitalize() + ".") from None
+            # Not capitalize(): it would lower the ARGUMENT OP VALUE placeholders.
+            text = str(error)
+            raise forms.ValidationError(text[:1].upper() + text[1:] + ".") from None
 
     def clean(self):
         data = super().clean()

@@ -7,6 +7,7 @@ policy's window has passed).
 
 from __future__ import annotations
 
+from django.contrib import messages
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect
 from django.urls import reverse
@@ -71,6 +72,12 @@ def ask_for_factor(
     if url is None:
         return None
     hold(request, ticket, data, minutes=error.minutes)
+    messages.info(
+        request,
+        f"Ticket #{ticket.pk} needs a second factor confirmed within {error.minutes} "
+        f"minute{'s' if error.minutes != 1 else ''}: confirm it, and your approval completes "
+        "with your message.",
+    )
     return HttpResponseClientRedirect(url) if request.htmx else redirect(url)
 
 

@@ -395,3 +395,26 @@ def test_the_completion_page_is_404_for_another_tenant(world):
 
     assert signed_in(outsider).get(step_up_url(ticket)).status_code == 404
     assert signed_in(outsider).post(step_up_url(ticket)).status_code == 404
+
+
+def test_a_batch_reports_the_step_up_ticket_as_needing_its_page(world):
+    tenant, _, approver = world
+    with_totp(approver)
+    production = ticket_for(tenant)
+    staging = ticket_for(tenant, STAGING)
+    client = signed_in(approver)
+    # Even a fresh factor: a batch approves nothing a policy wants a second factor for.
+    proven(client, approver, minutes_ago=0)
+
+    response = client.post(
+        reverse("approvals:batch"),
+        {"ticket": [production.pk, staging.pk], "decision": "approve"},
+    )
+
+    text = response.content.decode()
+    assert response.status_code == 200
+    assert '<h2 id="batch-summary">1 of 2 approved</h2>' in text
+    assert "approve it from its ticket page." in text
+    assert f'<a href="{ticket_url(production)}">#{production.pk}</a>' in text
+    assert Ticket.objects.get(pk=staging.pk).status == TicketStatus.APPROVED
+    nothing_decided(production)

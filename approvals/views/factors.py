@@ -44,13 +44,16 @@ def factor_types(user) -> set[str]:
 
 def reauthenticate_url(user, next_url: str) -> str | None:
     """allauth's page that asks this user for a second factor, back to next_url afterwards;
-    None when they have none. A code (app or recovery) when they have one, else a passkey:
-    allauth's page offers the other as a link."""
+    None when they have none. The authenticator app's code when they have one, else their
+    passkey (recovery codes come with either, and are a last resort): allauth's page offers
+    the other as a link."""
     types = factor_types(user)
-    if types & {Authenticator.Type.TOTP, Authenticator.Type.RECOVERY_CODES}:
+    if Authenticator.Type.TOTP in types:
         name = "mfa_reauthenticate"
     elif Authenticator.Type.WEBAUTHN in types:
         name = "mfa_reauthenticate_webauthn"
+    elif Authenticator.Type.RECOVERY_CODES in types:
+        name = "mfa_reauthenticate"
     else:
         return None
     return f"{reverse(name)}?{urlencode({'next': next_url})}"

@@ -56,3 +56,15 @@ def describe(policy: ApprovalPolicy) -> str:
     if conditions:
         sentence += " when " + " or ".join(rules.describe_condition(c) for c in conditions)
     return sentence + "."
+
+
+def describe_for(ticket: Ticket, policy: ApprovalPolicy) -> str:
+    """What the policy's step-up means for this ticket, for its page; "" when the policy has
+    none."""
+    if not policy.step_up_minutes:
+        return ""
+    minutes = needs_step_up(ticket, policy)
+    if minutes is None:
+        return describe(policy).removesuffix(".") + ": not this call."
+    unit = "minute" if minutes == 1 else "minutes"
+    return f"This approval needs a second factor confirmed within {minutes} {unit}."

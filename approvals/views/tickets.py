@@ -125,7 +125,7 @@ def ticket_context(request: HttpRequest, ticket: Ticket, membership: Membership)
         "may_always": quorum.allows_always(policy),
         "form": DecisionForm(),
         "decision_keys": keys.decision_keys(may_approve=may_approve, may_reject=may_decide),
-        "step_up_summary": stepup.describe(policy),
+        "step_up_summary": stepup.describe_for(ticket, policy),
         **step_up.notice(request, ticket, policy, membership),
         **team,
     }

@@ -222,3 +222,16 @@ def test_describe_says_the_window_and_the_conditions(world):
         "An approval needs a second factor confirmed within 10 minutes when "
         "environment == production."
     )
+
+
+def test_describe_for_a_ticket_says_whether_this_call_needs_it(world):
+    tenant, admin, _ = world
+    policy = step_up_policy(tenant, admin, minutes=1)
+
+    assert stepup.describe_for(ticket_for(tenant, PRODUCTION), policy) == (
+        "This approval needs a second factor confirmed within 1 minute."
+    )
+    assert stepup.describe_for(ticket_for(tenant, STAGING), policy) == (
+        "An approval needs a second factor confirmed within 1 minute when "
+        "environment == production: not this call."
+    )

@@ -365,10 +365,7 @@ def test_the_ticket_page_says_a_factor_will_be_asked(world):
     assert (
         "Approving this needs a second factor (within 10 minutes): you will be asked for it" in text
     )
-    assert (
-        "An approval needs a second factor confirmed within 10 minutes when "
-        "environment == production." in text
-    )
+    assert "This approval needs a second factor confirmed within 10 minutes." in text
 
 
 def test_the_ticket_page_says_when_the_factor_was_confirmed(world):
@@ -390,6 +387,10 @@ def test_the_ticket_page_of_a_staging_call_says_nothing_of_a_factor(world):
     text = signed_in(approver).get(ticket_url(ticket)).content.decode()
 
     assert 'id="step-up-notice"' not in text
+    assert (
+        "An approval needs a second factor confirmed within 10 minutes when "
+        "environment == production: not this call." in text
+    )
 
 
 def test_the_completion_page_is_404_for_another_tenant(world):

@@ -28,7 +28,12 @@ PENDING_KEY = "approvals_step_up"
 def hold(request: HttpRequest, ticket: Ticket, data: dict, *, minutes: int) -> None:
     """Keep the approval the person sent, to complete once they prove a second factor."""
     now = timezone.now().timestamp()
-    pending = dict(request.session.get(PENDING_KEY) or {})
+    # Those past their window approve nothing any more: they leave the session.
+    pending = {
+        pk: record
+        for pk, record in (request.session.get(PENDING_KEY) or {}).items()
+        if record.get("expires", 0) > now
+    }
     pending[str(ticket.pk)] = {
         "message": data["message"],
         "always": bool(data["always"]),

@@ -235,3 +235,29 @@ def test_describe_for_a_ticket_says_whether_this_call_needs_it(world):
         "An approval needs a second factor confirmed within 1 minute when "
         "environment == production: not this call."
     )
+
+
+def test_each_vote_of_a_quorum_needs_its_own_fresh_factor(world):
+    tenant, admin, approver = world
+    bob = member(tenant, Role.APPROVER, username="bob")
+    save_policy(
+        tenant=tenant,
+        user=admin,
+        tool_name="deploy_release",
+        required_approvals=2,
+        step_up_minutes=10,
+    )
+    ticket = ticket_for(tenant, STAGING)
+    now = timezone.now()
+
+    first = decide(ticket, user=approver, approve=True, factor_at=now, factor_type="webauthn")
+    with pytest.raises(StepUpRequiredError):
+        decide(ticket, user=bob, approve=True)
+    second = decide(ticket, user=bob, approve=True, factor_at=now, factor_type="totp")
+
+    assert (first.status, second.status) == (TicketStatus.PENDING, TicketStatus.APPROVED)
+    vote = AuditEvent.objects.get(action="ticket.vote")
+    assert vote.detail["step_up"] == {"type": "webauthn", "at": now.isoformat()}
+    approved = AuditEvent.objects.get(action="ticket.approved")
+    assert approved.detail["step_up"]["type"] == "totp"
+    assert AuditEvent.objects.filter(action="auth.step_up").count() == 2

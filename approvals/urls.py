@@ -25,6 +25,7 @@ urlpatterns = [
     path("search/", history.search_page, name="search"),
     path("tickets/<int:pk>/", tickets.ticket_detail, name="ticket"),
     path("tickets/<int:pk>/decide/", tickets.ticket_decide, name="decide"),
+    path("tickets/<int:pk>/step-up/", tickets.ticket_step_up, name="step-up"),
     path("tickets/<int:pk>/claim/", team.ticket_claim, name="claim"),
     path("tickets/<int:pk>/comments/", team.ticket_comment, name="comment"),
     path("tickets/batch/", team.batch_decide, name="batch"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from django.db import transaction
@@ -9,7 +10,7 @@ from django.utils import timezone
 
 from approvals import members, transitions
 from approvals.audit import chain
-from approvals.decisions import calls, digest
+from approvals.decisions import calls, digest, stepup
 from approvals.decisions.errors import (
     AlreadyDecidedError,
     AlreadyVotedError,
@@ -93,6 +94,8 @@ def decide(
     flags_seen: bool = False,
     shown_digest: str | None = None,
     via: dict[str, str] | None = None,
+    factor_at: datetime | None = None,
+    factor_type: str = "",
 ) -> Ticket:
     """Approve or reject a pending ticket under its policy.
 
@@ -112,6 +115,10 @@ def decide(
     digest it was shown; another digest is a DigestMismatchError, for a rejection too.
     via: facts of the channel the decision came through (the API: via=api and the token's
     prefix), recorded in the detail of the decision's audit event.
+    factor_at, factor_type: when and how the person last proved a second factor in this
+    session (None from a batch or the API). An approval the policy marks for step-up
+    (decisions.stepup) raises StepUpRequiredError without a factor that recent; with one, the
+    decision's audit event names it (detail step_up) and auth.step_up is recorded beside it.
     """
     message = checked_message(message)
     if always and not approve:
@@ -148,7 +155,13 @@ def decide(
                 "'always' is not offered under this ticket's policy: it asks for more than one "
                 "person or rejects some arguments, so each later call needs its own approval"
             )
+        step_up: dict[str, str] = {}
         if approve:
+            # Under the lock, with the policy in force now: a policy saved meanwhile counts.
+            minutes = stepup.require_fresh_factor(current, policy, factor_at=factor_at, now=now)
+            if minutes is not None and factor_at is not None:
+                step_up = {"type": factor_type or "mfa", "at": factor_at.isoformat()}
+                record_step_up(ticket, user=user, factor_type=step_up["type"])
             progress = vote(current, policy, user=user, now=now)
             if not progress.met:
                 chain.append_for_ticket(
@@ -160,6 +173,7 @@ def decide(
                         "progress": progress.describe(),
                         "policy": policy.version,
                         **(via or {}),
+                        **({"step_up": step_up} if step_up else {}),
                     },
                 )
                 hints.notify_on_commit(
@@ -174,6 +188,8 @@ def decide(
             detail["voters"] = progress.voters
             detail["policy"] = policy.version
         detail.update(via or {})
+        if step_up:
+            detail["step_up"] = step_up
         chain.append_for_ticket(
             ticket,
             action="ticket.approved" if approve else "ticket.rejected",
@@ -187,6 +203,19 @@ def decide(
         queue.queue_if_decided(run, now=now, actor=user)
     ticket.refresh_from_db()
     return ticket
+
+
+def record_step_up(ticket: Ticket, *, user, factor_type: str) -> None:
+    """The second factor an approval was given with, in the ticket's tenant (its own event, so
+    the sign-in history shows every factor proven and what for)."""
+    chain.append(
+        tenant_id=ticket.tenant_id,
+        action="auth.step_up",
+        actor=user,
+        ticket_id=ticket.pk,
+        outcome="confirmed",
+        detail={"type": factor_type, "purpose": f"to approve ticket #{ticket.pk}"},
+    )
 
 
 def refuse_unless_pending(current: Ticket, now) -> None:

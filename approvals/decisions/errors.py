@@ -65,3 +65,17 @@ class InvalidArgumentsError(InvalidDecisionError):
             + "; ".join(f"{p.argument}: {p.message}" if p.argument else p.message for p in problems)
         )
         self.problems = problems
+
+
+class StepUpRequiredError(DecisionError, ForbiddenError):
+    """The ticket's policy wants a second factor proven within the last `minutes` of the
+    approver's session: only the ticket page, after asking for it, can approve."""
+
+    def __init__(self, minutes: int, *, stale: bool = False) -> None:
+        super().__init__(
+            f"this approval needs a second factor confirmed within the last {minutes} "
+            f"minute{'s' if minutes != 1 else ''}, which a batch or an API token cannot give: "
+            "approve it from its ticket page"
+        )
+        self.minutes = minutes
+        self.stale = stale

@@ -8,7 +8,7 @@ from django.conf import settings
 from approvals.decisions.decide import MAX_MESSAGE_CHARS
 from approvals.execution import registry
 from approvals.models import ApprovalPolicy, ExpiryAction
-from approvals.policies import quorum, rules
+from approvals.policies import quorum, rules, versions
 
 
 class PolicyForm(forms.Form):
@@ -65,6 +65,23 @@ class PolicyForm(forms.Form):
         "A call with invisible or look-alike characters is never approved by a rule.",
     )
 
+    step_up_minutes = forms.IntegerField(
+        required=False,
+        min_value=1,
+        max_value=versions.MAX_STEP_UP_MINUTES,
+        label="Second factor within (minutes)",
+        help_text="Empty: no step-up. Set: approving asks for a second factor (authenticator "
+        "app, recovery code or passkey) unless the approver confirmed one this recently. A "
+        "batch or an API token cannot approve such a call.",
+    )
+    step_up_rules = forms.CharField(
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 2}),
+        label="Second factor only when",
+        help_text="One condition per line, e.g. 'environment == production'; any line that "
+        "matches asks for it. Empty: every approval under this policy. Operators as above.",
+    )
+
     def __init__(self, *args, groups: list[str], **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.groups = groups
@@ -94,6 +111,8 @@ class PolicyForm(forms.Form):
                 policy.escalation_seconds // 60 if policy.escalation_seconds else None
             ),
             "auto_rules": rules.format_auto_rules(policy.auto_rules or []),
+            "step_up_minutes": policy.step_up_minutes,
+            "step_up_rules": rules.format_conditions(policy.step_up_rules or []),
         }
 
     def clean_group_rules(self) -> list[dict]:
@@ -114,8 +133,20 @@ class PolicyForm(forms.Form):
         except rules.RuleSyntaxError as error:
             raise forms.ValidationError(str(error).capitalize() + ".") from None
 
+    def clean_step_up_rules(self) -> list[dict]:
+        try:
+            return rules.parse_conditions(self.cleaned_data["step_up_rules"])
+        except rules.RuleSyntaxError as error:
+            # Not capitalize(): it would lower the ARGUMENT OP VALUE placeholders.
+            text = str(error)
+            raise forms.ValidationError(text[:1].upper() + text[1:] + ".") from None
+
     def clean(self):
         data = super().clean()
+        if data.get("step_up_rules") and not data.get("step_up_minutes"):
+            self.add_error(
+                "step_up_minutes", "Say within how many minutes, or clear the conditions."
+            )
         if data.get("on_expiry") == ExpiryAction.ESCALATE and not data.get("escalation_group"):
             self.add_error("escalation_group", "Choose the group to escalate to.")
         rules = data.get("group_rules") or []
@@ -138,6 +169,8 @@ class PolicyForm(forms.Form):
                 data["escalation_minutes"] * 60 if data["escalation_minutes"] else None
             ),
             "auto_rules": data["auto_rules"],
+            "step_up_minutes": data["step_up_minutes"],
+            "step_up_rules": data["step_up_rules"] if data["step_up_minutes"] else [],
         }
 
 

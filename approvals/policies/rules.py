@@ -144,19 +144,7 @@ def parse_auto_rules(text: str) -> list[dict]:
             )
         op = _SYMBOLS[" ".join(match["op"].lower().split())]
         value = match["value"].strip()
-        if op == "matches":
-            try:
-                _pattern(value)
-            except re2.error as error:
-                reason = (
-                    error.args[0].decode()
-                    if error.args and isinstance(error.args[0], bytes)
-                    else error
-                )
-                raise RuleSyntaxError(
-                    f"line {number}: {value!r} is not a valid regular expression for RE2 "
-                    f"({reason}; look-arounds and back-references are not supported)"
-                ) from None
+        _check_pattern(op, value, number)
         rules.append(
             {
                 "argument": match["argument"],
@@ -171,6 +159,56 @@ def parse_auto_rules(text: str) -> list[dict]:
 
 def format_auto_rules(rules: list[dict]) -> str:
     return "\n".join(describe_rule(r) for r in rules)
+
+
+def _check_pattern(op: str, value: str, number: int) -> None:
+    if op != "matches":
+        return
+    try:
+        _pattern(value)
+    except re2.error as error:
+        reason = (
+            error.args[0].decode() if error.args and isinstance(error.args[0], bytes) else error
+        )
+        raise RuleSyntaxError(
+            f"line {number}: {value!r} is not a valid regular expression for RE2 "
+            f"({reason}; look-arounds and back-references are not supported)"
+        ) from None
+
+
+# A condition is a rule without its decision: "environment == production".
+_CONDITION_LINE = re.compile(
+    r"^(?P<argument>[A-Za-z_][\w.]*)\s+(?P<op>==|!=|not\s+in|in|matches)\s+(?P<value>.+?)$",
+    re.IGNORECASE,
+)
+
+
+def describe_condition(condition: dict) -> str:
+    return f"{condition['argument']} {OPERATORS[condition['op']]} {condition['value']}"
+
+
+def parse_conditions(text: str) -> list[dict]:
+    """Conditions on argument values, one a line, compared as rule_matches compares them."""
+    conditions = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        line = line.strip()
+        if not line:
+            continue
+        match = _CONDITION_LINE.match(line)
+        if match is None:
+            raise RuleSyntaxError(
+                f"line {number}: write 'ARGUMENT OP VALUE', e.g. 'environment == production' "
+                "(OP is ==, !=, in, not in or matches)"
+            )
+        op = _SYMBOLS[" ".join(match["op"].lower().split())]
+        value = match["value"].strip()
+        _check_pattern(op, value, number)
+        conditions.append({"argument": match["argument"], "op": op, "value": value})
+    return conditions
+
+
+def format_conditions(conditions: list[dict]) -> str:
+    return "\n".join(describe_condition(c) for c in conditions)
 
 
 def parse_group_rules(text: str) -> list[dict]:

@@ -47,7 +47,12 @@ POLICY_FIELDS = (
     "escalation_group",
     "escalation_seconds",
     "auto_rules",
+    "step_up_minutes",
+    "step_up_rules",
 )
+
+# A day: longer is no fresh factor at all.
+MAX_STEP_UP_MINUTES = 24 * 60
 
 
 def require_admin(user, tenant_id: int) -> None:
@@ -77,9 +82,14 @@ def save_policy(
     check_groups_exist(tenant, named)
     if values.get("on_expiry") == ExpiryAction.ESCALATE and not values.get("escalation_group"):
         raise PolicyError("escalation needs a group to escalate to")
-    for rule in values.get("auto_rules") or []:
+    for rule in [*(values.get("auto_rules") or []), *(values.get("step_up_rules") or [])]:
         if rule.get("op") not in rules.OPERATORS:
             raise PolicyError(f"unknown operator {rule.get('op')!r}")
+    step_up = values.get("step_up_minutes")
+    if step_up is not None and not 1 <= int(step_up) <= MAX_STEP_UP_MINUTES:
+        raise PolicyError(
+            f"a second factor is asked within 1 to {MAX_STEP_UP_MINUTES} minutes, or not at all"
+        )
     with transaction.atomic():
         # The tenant's lock orders concurrent edits, so versions never collide, and a group
         # deleted meanwhile (delete_group takes the same lock) is seen here.

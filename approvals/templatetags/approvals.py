@@ -7,6 +7,9 @@ from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.timesince import timesince
 
+from approvals.decisions import stepup
+from approvals.policies import rules
+
 register = template.Library()
 
 
@@ -51,3 +54,15 @@ def ago(value: datetime) -> str:
     if (timezone.now() - value).total_seconds() < 60:
         return "just now"
     return f"{timesince(value)} ago"
+
+
+@register.filter
+def step_up_summary(policy) -> str:
+    """The policy's step-up in a sentence ("" when it asks for no second factor)."""
+    return stepup.describe(policy)
+
+
+@register.filter
+def condition(rule: dict) -> str:
+    """A step-up condition as the policy form writes it: "environment == production"."""
+    return rules.describe_condition(rule)

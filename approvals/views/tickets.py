@@ -14,12 +14,13 @@ from django.http import (
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
-from django.views.decorators.http import require_GET, require_POST
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from django_htmx.http import HttpResponseClientRedirect
 
 from approvals.core import presenters
 from approvals.core.errors import DomainError
-from approvals.decisions import baseline, calls, comments, decide, digest
+from approvals.decisions import baseline, calls, comments, decide, digest, stepup
+from approvals.decisions.errors import StepUpRequiredError
 from approvals.execution import registry
 from approvals.forms.decisions import CommentForm, DecisionForm
 from approvals.models import (
@@ -29,7 +30,8 @@ from approvals.models import (
     Ticket,
 )
 from approvals.policies import quorum, scopes
-from approvals.views import access, errors, keys
+from approvals.views import access, errors, factors, keys
+from approvals.views import stepup as step_up
 from approvals.views.access import HtmxHttpRequest
 
 
@@ -123,6 +125,8 @@ def ticket_context(request: HttpRequest, ticket: Ticket, membership: Membership)
         "may_always": quorum.allows_always(policy),
         "form": DecisionForm(),
         "decision_keys": keys.decision_keys(may_approve=may_approve, may_reject=may_decide),
+        "step_up_summary": stepup.describe_for(ticket, policy),
+        **step_up.notice(request, ticket, policy, membership),
         **team,
     }
 
@@ -214,8 +218,10 @@ def ticket_decide(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     if not form.is_valid():
         problem, status = " ".join(m for errors in form.errors.values() for m in errors), 400
     else:
+        factor = factors.last_factor(request)
         try:
-            # Every rule is the service's: roles, self-approval, the digest gate, the quorum.
+            # Every rule is the service's: roles, self-approval, the digest gate, the quorum,
+            # the second factor a risky approval needs.
             ticket = decide.decide(
                 ticket,
                 user=request.user,
@@ -223,6 +229,17 @@ def ticket_decide(request: HtmxHttpRequest, pk: int) -> HttpResponse:
                 message=form.cleaned_data["message"],
                 always=form.cleaned_data["always"],
                 flags_seen=form.cleaned_data["flags_seen"],
+                factor_at=factor.at if factor else None,
+                factor_type=factor.type if factor else "",
+            )
+        except StepUpRequiredError as error:
+            asked = step_up.ask_for_factor(request, ticket, form.cleaned_data, error)
+            if asked is not None:
+                return asked
+            problem, status = (
+                "Approving this needs a second factor, and you have none yet: set one up, "
+                "then approve again. Your message is kept below.",
+                error.status,
             )
         except DomainError as error:
             problem, status = errors.explain(error)
@@ -248,3 +265,76 @@ def ticket_decide(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     context["form"] = form
     template = "approvals/ticket.html#decision" if request.htmx else "approvals/ticket.html"
     return render(request, template, context, status=status)
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def ticket_step_up(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    """Complete the approval held for a second factor (views.stepup): GET shows it with one
+    button, POST decides it. A GET never decides (as on every page of the console), and the
+    person sees what they approve after the pause; the button has the focus, so Enter is
+    enough."""
+    ticket, membership = access.get_ticket_for_user(request, pk)
+    ticket_url = reverse("approvals:ticket", args=[ticket.pk])
+    record = step_up.held(request, ticket)
+    if record is None:
+        messages.error(
+            request,
+            "No approval of this ticket is waiting for a second factor (it was completed, or "
+            "its time passed): approve it again from this page.",
+        )
+        return redirect(ticket_url)
+    factor = factors.last_factor(request)
+    again = factors.reauthenticate_url(request.user, step_up.completion_url(ticket))
+    if again is None:
+        # Their second factor was removed meanwhile: the ticket page says what to do.
+        step_up.release(request, ticket)
+        return redirect(ticket_url)
+    if factor is None or not stepup.is_fresh(factor.at, record["minutes"], now=timezone.now()):
+        messages.info(
+            request, f"Confirm a second factor to complete your approval of ticket #{ticket.pk}."
+        )
+        return redirect(again)
+    if request.method == "GET":
+        context = {"ticket": ticket, "record": record, "factor": factor, "membership": membership}
+        return render(request, "approvals/step_up.html", context)
+    # Single use: whatever happens next, this record approves nothing again.
+    step_up.release(request, ticket)
+    try:
+        ticket = decide.decide(
+            ticket,
+            user=request.user,
+            approve=True,
+            message=record["message"],
+            always=record["always"],
+            flags_seen=record["flags_seen"],
+            shown_digest=record["digest"],
+            factor_at=factor.at,
+            factor_type=factor.type,
+        )
+    except StepUpRequiredError as error:
+        # The window closed between the page and the click, or the policy changed: ask again.
+        step_up.hold(request, ticket, record, minutes=error.minutes)
+        return redirect(again)
+    except DomainError as error:
+        # Expired, decided, the call changed: the ticket page says why, the message kept.
+        problem, status = errors.explain(error)
+        ticket.refresh_from_db()
+        context = ticket_context(request, ticket, membership)
+        context["problem"] = problem
+        context["form"] = DecisionForm({"decision": "approve", "message": record["message"]})
+        return render(request, "approvals/ticket.html", context, status=status)
+    if ticket.is_pending:
+        progress = decide.progress_of(ticket)
+        messages.success(request, f"Your approval is recorded: {progress.describe()}.")
+    else:
+        messages.success(
+            request,
+            f"Ticket #{ticket.pk} approved with your second factor. "
+            + (
+                "Its caller resumes the run."
+                if ticket.run.executor == RunExecutor.CALLER
+                else "The run continues in the worker."
+            ),
+        )
+    return redirect(ticket_url)

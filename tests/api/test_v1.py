@@ -506,3 +506,30 @@ def test_keys_publish_the_decision_keys_without_a_token(db):
     assert keys == decision_public_keys()
     assert [k["current"] for k in keys].count(True) == 1
     assert {k["algorithm"] for k in keys} == {"Ed25519"}
+
+
+def test_an_approval_that_needs_a_second_factor_is_refused_with_the_reason(world):
+    tenant, people, run = world
+    save_policy(
+        tenant=tenant,
+        user=people["admin"],
+        tool_name="deploy_release",
+        step_up_minutes=10,
+    )
+    ticket = run.tickets.get()
+    _, secret = api_token(tenant, "tickets:decide", user=people["approver"])
+
+    response = decision(secret, ticket)
+
+    assert response.status_code == 403
+    assert response.json() == {
+        "detail": "This approval needs a second factor confirmed within the last 10 minutes, "
+        "which a batch or an API token cannot give: approve it from its ticket page.",
+        "code": "step_up_required",
+    }
+    assert Ticket.objects.get(pk=ticket.pk).status == TicketStatus.PENDING
+    assert TicketVote.objects.filter(ticket=ticket).count() == 0
+    assert not AuditEvent.objects.filter(
+        action__in=["ticket.approved", "ticket.vote", "auth.step_up"]
+    ).exists()
+    assert decision(secret, ticket, "reject").json()["status"] == "rejected"

@@ -381,6 +381,8 @@ def test_url_sweep_own_objects_answer_200_so_the_sweep_can_fail(client, world):
     assert statuses == {
         "approvals:ticket": 200,
         "approvals:decide": 405,
+        # No approval held for a second factor: back to the ticket.
+        "approvals:step-up": 302,
         "approvals:claim": 405,
         "approvals:comment": 405,
         "approvals:edit": 200,

@@ -12,6 +12,7 @@ from django_tasks_db.models import DBTaskResult
 
 from approvals.audit.chain import verify_chain
 from approvals.models import AuditEvent, Run, RunStatus, Ticket, TicketStatus
+from approvals.policies.versions import save_policy
 from tests.support import TenantFactory, member, paused_run
 
 pytestmark = pytest.mark.django_db
@@ -67,6 +68,17 @@ def test_decide_reject_stores_the_message(pending):
     )
     pending.refresh_from_db()
     assert (pending.status, pending.decision_message) == (TicketStatus.REJECTED, "not on a Friday")
+
+
+def test_decide_of_an_approval_that_needs_a_second_factor_is_refused(pending):
+    admin = member(pending.tenant, "admin", username="ada")
+    member(pending.tenant, "approver", username="bob")
+    save_policy(tenant=pending.tenant, user=admin, tool_name="deploy_release", step_up_minutes=10)
+
+    with pytest.raises(CommandError, match="approve it from its ticket page"):
+        call_command("decide", str(pending.pk), "--approve", "--user", "bob", stdout=StringIO())
+
+    assert Ticket.objects.get(pk=pending.pk).status == TicketStatus.PENDING
 
 
 def test_decide_unknown_ticket_is_a_command_error(pending):

@@ -552,3 +552,36 @@ def test_group_delete_and_policy_remove_answer_bad_input_without_a_500(client, w
     assert bad_group.status_code == 200
     assert "Not deleted: name the group to delete." in bad_group.content.decode()
     assert (bad_tool.status_code, bad_agent.status_code) == (404, 404)
+
+
+def test_policies_step_up_is_saved_from_the_form_and_shown(client, world):
+    client.force_login(world["admin"])
+
+    response = client.post(
+        EDIT, form(step_up_minutes="10", step_up_rules="environment == production")
+    )
+
+    assert response.status_code == 302
+    policy = ApprovalPolicy.objects.get(tool_name="deploy_release")
+    assert policy.step_up_minutes == 10
+    assert policy.step_up_rules == [{"argument": "environment", "op": "eq", "value": "production"}]
+    listed = client.get(LIST).content.decode()
+    assert 'within 10 min<br><span class="muted">when environment == production</span>' in listed
+    edit = client.get(response.url).content.decode()
+    assert (
+        "An approval needs a second factor confirmed within 10 minutes when "
+        "environment == production." in edit
+    )
+    assert "environment == production</textarea>" in edit
+
+
+def test_policies_step_up_conditions_without_minutes_or_in_bad_syntax_are_refused(client, world):
+    client.force_login(world["admin"])
+
+    no_minutes = client.post(EDIT, form(step_up_rules="environment == production"))
+    bad = client.post(EDIT, form(step_up_minutes="10", step_up_rules="production please"))
+
+    assert no_minutes.status_code == bad.status_code == 400
+    assert "Say within how many minutes, or clear the conditions." in no_minutes.content.decode()
+    assert "Line 1: write &#x27;ARGUMENT OP VALUE&#x27;" in bad.content.decode()
+    assert not ApprovalPolicy.objects.filter(tool_name="deploy_release").exists()

@@ -239,6 +239,26 @@ def session_cookie(user) -> tuple[bytes, bytes]:
     return (b"cookie", f"{name}={client.cookies[name].value}".encode())
 
 
+CHROME_ON_LINUX = (
+    "Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) "
+    "Chrome/131.0.0.0 Safari/537.36"
+)
+
+
+def signed_in(user, *, user_agent: str = CHROME_ON_LINUX, ip: str = "127.0.0.1") -> Client:
+    """A client signed in through the real sign-in form, so allauth records its UserSession."""
+    client = Client(HTTP_USER_AGENT=user_agent, REMOTE_ADDR=ip)
+    response = client.post("/login/", {"login": user.get_username(), "password": PASSWORD})
+    assert response.status_code == 302, response.content.decode()[:500]
+    return client
+
+
+def cookie_of(client: Client) -> tuple[bytes, bytes]:
+    """The Cookie header of the client's session, for a websocket."""
+    name = django_settings.SESSION_COOKIE_NAME
+    return (b"cookie", f"{name}={client.cookies[name].value}".encode())
+
+
 def socket(*headers: tuple[bytes, bytes]) -> WebsocketCommunicator:
     """A websocket to the console's live channel, through the whole ASGI application."""
     return WebsocketCommunicator(application, SOCKET_PATH, headers=list(headers))

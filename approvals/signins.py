@@ -12,6 +12,7 @@ recorded sessions can be found (and a signed-cookie session cannot be ended by t
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from importlib import import_module
 
 from allauth.usersessions.models import UserSession
@@ -56,10 +57,12 @@ def end_sessions(
     reason: str,
     actor=None,
     keep_session_key: str | None = None,
+    only_session_keys: Collection[str] | None = None,
     tenant: Tenant | None = None,
 ) -> int:
-    """End every session of the user but the one keep_session_key names, and return how many
-    were still signed in.
+    """End every session of the user but the one keep_session_key names (or, given
+    only_session_keys, just those of the user's recorded sessions), and return how many were
+    still signed in.
 
     reason is the audit's sentence ("signed out the other sessions", "removed from acme");
     actor is who ended them (None for the system). Inside a caller's transaction the sessions
@@ -79,13 +82,19 @@ def end_sessions(
         seen: set[str] = set()
         if keep_session_key:
             seen.add(keep_session_key)
-        for session in UserSession.objects.filter(user_id=user.pk).exclude(session_key__in=seen):
+        recorded = UserSession.objects.filter(user_id=user.pk).exclude(session_key__in=seen)
+        if only_session_keys is not None:
+            recorded = recorded.filter(session_key__in=list(only_session_keys))
+        for session in recorded:
             seen.add(session.session_key)
             # A recorded session may already be gone (expired, signed out): not counted.
             if session.exists():
                 ended += 1
             session.end()
-        for key in _unrecorded_session_keys(user, skip=seen):
+        unrecorded = (
+            [] if only_session_keys is not None else _unrecorded_session_keys(user, skip=seen)
+        )
+        for key in unrecorded:
             store_class().delete(key)
             ended += 1
         if not ended:

@@ -147,3 +147,18 @@ def test_remove_member_command_signs_the_member_out(django_capture_on_commit_cal
 
     assert signed_out(client) is True
     assert [e["actor"] for e in ended_events(tenant)] == ["system"]
+
+
+def test_end_sessions_with_only_session_keys_ends_just_those():
+    tenant = TenantFactory()
+    user = member(tenant, Role.VIEWER)
+    here, phone = signed_in(user), signed_in(user)
+    old = Client()
+    old.force_login(user)
+
+    ended = signins.end_sessions(
+        user=user, only_session_keys=[phone.session.session_key], reason="signed out a session"
+    )
+
+    assert ended == 1
+    assert [signed_out(c) for c in (here, phone, old)] == [False, True, False]

@@ -26,7 +26,7 @@
     if (document.getElementById("signed-out")) return;
     const notice = document.createElement("div");
     notice.id = "signed-out";
-    notice.className = "callout warning";
+    notice.className = "callout neutral";
     notice.setAttribute("role", "alert");
     const text = document.createElement("strong");
     text.textContent = "You were signed out. ";

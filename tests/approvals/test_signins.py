@@ -162,3 +162,21 @@ def test_end_sessions_with_only_session_keys_ends_just_those():
 
     assert ended == 1
     assert [signed_out(c) for c in (here, phone, old)] == [False, True, False]
+
+
+def test_an_admin_who_changes_their_own_role_on_the_team_page_is_signed_out(
+    django_capture_on_commit_callbacks,
+):
+    tenant = TenantFactory()
+    member(tenant, Role.ADMIN, username="other-admin")
+    admin = member(tenant, Role.ADMIN, username="self-demoter")
+    client = signed_in(admin)
+
+    with django_capture_on_commit_callbacks(execute=True):
+        response = client.post(
+            f"/team/members/{admin.pk}/role/", {"tenant": tenant.slug, "role": Role.APPROVER}
+        )
+
+    assert response.status_code == 302
+    assert signed_out(client) is True
+    assert [e["user"] for e in ended_events(tenant)] == ["self-demoter"]

@@ -8,6 +8,8 @@ from allauth.account import views as account_views
 from allauth.socialaccount.providers.openid_connect import views as oidc_views
 from django.urls import include, path
 
+from accounts import views
+
 urlpatterns = [
     path("login/", account_views.login, name="account_login"),
     path("logout/", account_views.logout, name="account_logout"),
@@ -23,5 +25,6 @@ urlpatterns = [
         oidc_views.callback,
         name="openid_connect_callback",
     ),
-    path("sessions/", include("allauth.usersessions.urls")),
+    # allauth's own name, so its links find the console's page of one's sessions.
+    path("sessions/", views.sessions, name="usersessions_list"),
 ]

@@ -40,8 +40,10 @@ class TenantAdmin(admin.ModelAdmin):
     search_fields = ["slug", "name"]
 
 
+# Members change on the Team page and through the commands (approvals.tenancy), which keep the
+# last admin, audit the change and sign the person out; a row edited here would do none of it.
 @admin.register(Membership)
-class MembershipAdmin(admin.ModelAdmin):
+class MembershipAdmin(ShownOnlyAdmin):
     list_display = ["user", "tenant", "role", "created_at"]
     list_filter = ["role", "tenant"]
     search_fields = ["user__username"]

@@ -7,7 +7,9 @@ so a tenant cannot lose its last admin to two removals at once), and each is aud
 
 A membership saved or deleted is heard by the member's open sockets after commit
 (approvals.live.memberships, and the audit event for a web process on the in-memory layer):
-a removed member stops hearing the tenant at once.
+a removed member stops hearing the tenant at once. A member removed, or given another role, is
+also signed out everywhere after commit (approvals.signins.end_sessions): their sessions end and
+their open pages' sockets close, so what they may do is read afresh when they sign in again.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from django.core.exceptions import ValidationError
 from django.core.validators import validate_email, validate_slug
 from django.db import IntegrityError, transaction
 
+from approvals import signins
 from approvals.audit import chain
 from approvals.core.errors import ConflictError, DomainError, NotFoundError
 from approvals.models import ApproverGroup, Membership, Role, Tenant
@@ -74,6 +77,15 @@ def _is_last_admin(membership: Membership) -> bool:
         and not Membership.objects.filter(tenant_id=membership.tenant_id, role=Role.ADMIN)
         .exclude(pk=membership.pk)
         .exists()
+    )
+
+
+def _sign_out_on_commit(*, tenant: Tenant, user, reason: str, actor) -> None:
+    # After commit, in its own transaction: ending the sessions audits in each of the user's
+    # tenants, and locking those under this tenant's lock could deadlock with another change.
+    transaction.on_commit(
+        lambda: signins.end_sessions(user=user, reason=reason, actor=actor, tenant=tenant),
+        robust=True,
     )
 
 
@@ -246,7 +258,8 @@ def remove_member(*, tenant: Tenant, user, actor=None, channel: str = "console")
     Side effects: deletes the Membership, removes the user from the tenant's ApproverGroups,
     and appends an audit event member.removed (detail: user, role, groups, channel), in one
     transaction under the tenant's lock; after commit the user's open sockets stop hearing the
-    tenant (approvals.live.memberships).
+    tenant (approvals.live.memberships), and the user is signed out everywhere
+    (signins.end_sessions, reason "removed from <slug>").
     Raises:
         NotAMemberError: the user is not a member of the tenant.
         TenancyConflictError: the user is the tenant's last admin.
@@ -279,6 +292,9 @@ def remove_member(*, tenant: Tenant, user, actor=None, channel: str = "console")
                 "via": channel,
             },
         )
+        _sign_out_on_commit(
+            tenant=tenant, user=user, reason=f"removed from {tenant.slug}", actor=actor
+        )
 
 
 def set_role(
@@ -288,7 +304,9 @@ def set_role(
 
     Side effects: the Membership's role and an audit event member.role_changed (detail: user,
     from, to, channel), in one transaction under the tenant's lock; after commit the user's
-    open sockets re-read what they may hear. Nothing is written when the role is the same.
+    open sockets re-read what they may hear, and the user is signed out everywhere
+    (signins.end_sessions, reason "role changed in <slug>"). Nothing is written when the role
+    is the same.
     Raises:
         TenancyError: an unknown role.
         NotAMemberError: the user is not a member of the tenant.
@@ -314,5 +332,8 @@ def set_role(
             actor=actor,
             outcome="changed",
             detail={"user": user.get_username(), "from": previous, "to": role, "via": channel},
+        )
+        _sign_out_on_commit(
+            tenant=tenant, user=user, reason=f"role changed in {tenant.slug}", actor=actor
         )
     return RoleChange(membership, previous)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
+import itertools
 import os
 import re
 import shlex
@@ -235,6 +236,34 @@ def session_cookie(user) -> tuple[bytes, bytes]:
     """The Cookie header of a signed-in session of the user, for a websocket."""
     client = Client()
     client.force_login(user)
+    name = django_settings.SESSION_COOKIE_NAME
+    return (b"cookie", f"{name}={client.cookies[name].value}".encode())
+
+
+CHROME_ON_LINUX = (
+    "Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) "
+    "Chrome/131.0.0.0 Safari/537.36"
+)
+
+
+# allauth limits sign-ins per address (30 a minute, in the cache that outlives a test): each
+# client signs in from an address of its own unless the test names one.
+_client_addresses = itertools.count(1)
+
+
+def signed_in(user, *, user_agent: str = CHROME_ON_LINUX, ip: str | None = None) -> Client:
+    """A client signed in through the real sign-in form, so allauth records its UserSession."""
+    if ip is None:
+        n = next(_client_addresses)
+        ip = f"10.{n // 62500 % 250}.{n // 250 % 250}.{n % 250 + 1}"
+    client = Client(HTTP_USER_AGENT=user_agent, REMOTE_ADDR=ip)
+    response = client.post("/login/", {"login": user.get_username(), "password": PASSWORD})
+    assert response.status_code == 302, response.content.decode()[:500]
+    return client
+
+
+def cookie_of(client: Client) -> tuple[bytes, bytes]:
+    """The Cookie header of the client's session, for a websocket."""
     name = django_settings.SESSION_COOKIE_NAME
     return (b"cookie", f"{name}={client.cookies[name].value}".encode())
 

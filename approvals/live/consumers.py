@@ -4,18 +4,33 @@ A pushed message is a hint rendered from the page's own partial; on receiving it
 live regions re-read the database through their normal URLs. The socket also joins its user's
 group: when the user's memberships change it re-reads them and leaves (or joins) tenants' groups
 at once, and it forwards a hint only for a tenant the user belongs to, in a role that hears it.
+When some of the user's sessions end (approvals.signins), a socket whose own session ended
+closes with SIGNED_OUT_CODE, and the page says so instead of reconnecting.
 """
 
 from __future__ import annotations
 
+from importlib import import_module
+
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
+from django.conf import settings
 from django.template.loader import render_to_string
 
 from approvals import members
 from approvals.live import tail
 from approvals.live.hints import DELIVERY_KIND, admin_group, tenant_group, user_group
 from approvals.models import Role
+
+# The close code of a socket whose session ended (or that was never signed in): not one the
+# browser's websocket reconnects after.
+SIGNED_OUT_CODE = 4401
+
+
+def _session_ended(session_key: str | None) -> bool:
+    if not session_key:
+        return True
+    return not import_module(settings.SESSION_ENGINE).SessionStore().exists(session_key)
 
 
 class ConsoleConsumer(AsyncWebsocketConsumer):
@@ -28,9 +43,11 @@ class ConsoleConsumer(AsyncWebsocketConsumer):
         self.groups_joined = set()
         self.roles = {}
         if user is None or not user.is_authenticated or not user.is_active:
-            await self.close(code=4401)
+            await self.close(code=SIGNED_OUT_CODE)
             return
         self.user_id = user.pk
+        session = self.scope.get("session")
+        self.session_key = getattr(session, "session_key", None)
         await self._hear(await self._read_roles())
         self.tailing = tail.tail_needed()
         if self.tailing:
@@ -73,6 +90,11 @@ class ConsoleConsumer(AsyncWebsocketConsumer):
         else:
             roles = await self._read_roles()
         await self._hear(roles)
+
+    async def console_signed_out(self, event: dict) -> None:
+        """Some of the user's sessions ended: close if this socket's session is one of them."""
+        if await database_sync_to_async(_session_ended)(self.session_key):
+            await self.close(code=SIGNED_OUT_CODE)
 
     async def console_event(self, event: dict) -> None:
         # A hint queued before the socket left its tenant's group still arrives: drop it.

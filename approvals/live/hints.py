@@ -139,6 +139,20 @@ def memberships_changed_on_commit(user_id: int) -> None:
     transaction.on_commit(lambda: _send(user_group(user_id), message))
 
 
+SIGNED_OUT = "console.signed_out"
+# The audit action whose events tell the in-memory tail that a user's sessions ended.
+SESSIONS_ENDED = "auth.sessions_ended"
+
+
+def signed_out_on_commit(user_id: int) -> None:
+    """Some of the user's sessions ended: after commit, each of the user's open sockets checks
+    that its own session still exists and closes when it does not (the socket of a session
+    that was kept stays open). With the in-memory layer the audit tail tells them
+    (tail.AuditTail), from the auth.sessions_ended event."""
+    message = {"type": SIGNED_OUT}
+    transaction.on_commit(lambda: _send(user_group(user_id), message))
+
+
 def group_for(tenant_id: int, hint: dict[str, Any]) -> str:
     return admin_group(tenant_id) if hint["kind"] == DELIVERY_KIND else tenant_group(tenant_id)
 

@@ -16,7 +16,14 @@ from channels.layers import InMemoryChannelLayer, get_channel_layer
 from django.conf import settings
 
 from approvals import members
-from approvals.live.hints import MEMBERSHIPS_CHANGED, group_for, hint_for, user_group
+from approvals.live.hints import (
+    MEMBERSHIPS_CHANGED,
+    SESSIONS_ENDED,
+    SIGNED_OUT,
+    group_for,
+    hint_for,
+    user_group,
+)
 from approvals.models import AuditEvent
 
 logger = logging.getLogger(__name__)
@@ -28,7 +35,9 @@ class AuditTail:
     A membership changed in another process cannot reach this one's sockets through the
     in-memory layer, so before it hands out a batch of hints the tail reads the memberships of
     the users whose sockets it serves (one query) and tells each user whose memberships changed
-    (ConsoleConsumer.console_memberships) before any of the batch's hints.
+    (ConsoleConsumer.console_memberships) before any of the batch's hints. A batch holding
+    auth.sessions_ended tells those users' sockets to check their sessions
+    (ConsoleConsumer.console_signed_out).
     """
 
     def __init__(self) -> None:
@@ -49,6 +58,20 @@ class AuditTail:
             .only("id", "tenant_id", "action", "run_id", "ticket_id", "outcome")
             .order_by("id")[:500]
         )
+
+    @staticmethod
+    def _signed_out_users(event_ids: list[int]) -> set[int]:
+        details = AuditEvent.objects.filter(id__in=event_ids).values_list("detail", flat=True)
+        return {detail["user_id"] for detail in details if "user_id" in detail}
+
+    async def _tell_signed_out(self, layer, events: list) -> None:
+        ended = [event.id for event in events if event.action == SESSIONS_ENDED]
+        if not ended:
+            return
+        user_ids = await database_sync_to_async(self._signed_out_users)(ended)
+        for user_id in sorted(user_ids):
+            if user_id in self.users:
+                await layer.group_send(user_group(user_id), {"type": SIGNED_OUT})
 
     async def subscribe(self, user_id: int | None = None) -> None:
         self.subscribers += 1
@@ -92,6 +115,7 @@ class AuditTail:
                 events = await database_sync_to_async(self._events_after)(last_id)
                 if events:
                     await self._tell_changed_memberships(layer)
+                    await self._tell_signed_out(layer, events)
                 for event in events:
                     hint = hint_for(event)
                     await layer.group_send(group_for(event.tenant_id, hint), hint)

@@ -19,7 +19,29 @@
     // reconnecting) was not hinted to us: re-read once now.
     body.dispatchEvent(new CustomEvent("console:changed"));
   });
-  body.addEventListener("htmx:wsClose", () => setLive("closed", "Offline: reload to refresh"));
+  // 4401: this session was signed out (elsewhere, or by an admin). The socket does not come
+  // back, so say so once, calmly, with the way to sign in again.
+  function showSignedOut() {
+    setLive("closed", "Signed out");
+    if (document.getElementById("signed-out")) return;
+    const notice = document.createElement("div");
+    notice.id = "signed-out";
+    notice.className = "callout neutral";
+    notice.setAttribute("role", "alert");
+    const text = document.createElement("strong");
+    text.textContent = "You were signed out. ";
+    const link = document.createElement("a");
+    link.href = "/login/?next=" + encodeURIComponent(location.pathname + location.search);
+    link.textContent = "Sign in again";
+    notice.append(text, link);
+    const main = document.getElementById("main");
+    if (main) main.prepend(notice);
+  }
+  body.addEventListener("htmx:wsClose", (event) => {
+    const code = event.detail && event.detail.event ? event.detail.event.code : 0;
+    if (code === 4401) showSignedOut();
+    else setLive("closed", "Offline: reload to refresh");
+  });
   body.addEventListener("htmx:wsError", () => setLive("closed", "Offline: reload to refresh"));
   // Hints come in bursts: one re-read per burst, and a burst of delivery hints alone re-reads
   // only the delivery logs ("console:deliveries"), not the queue or the ticket.

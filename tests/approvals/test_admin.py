@@ -1,6 +1,7 @@
 """The Django admin shows the console's rows but never changes them: tickets, runs, ledger
-records, votes, pre-authorisations and audit events change only through the capabilities
-(compare-and-set, checks, audit), so the admin may not add, edit or delete them."""
+records, votes, pre-authorisations, audit events and memberships change only through the
+capabilities (compare-and-set, checks, audit, signing a removed member out), so the admin may
+not add, edit or delete them."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from django.utils import timezone
 from approvals.models import (
     AuditEvent,
     IdempotencyRecord,
+    Membership,
     PreAuthorization,
     Role,
     Run,
@@ -24,7 +26,7 @@ from tests.support import TenantFactory, UserFactory, member, paused_run
 
 pytestmark = pytest.mark.django_db
 
-MODELS = [Ticket, Run, IdempotencyRecord, TicketVote, PreAuthorization, AuditEvent]
+MODELS = [Ticket, Run, IdempotencyRecord, TicketVote, PreAuthorization, AuditEvent, Membership]
 
 
 @pytest.fixture
@@ -74,6 +76,7 @@ def rows() -> dict[type[models.Model], models.Model]:
             expires_at=timezone.now(),
         ),
         AuditEvent: AuditEvent.objects.filter(run_id=run.pk).latest("seq"),
+        Membership: Membership.objects.get(tenant=tenant, user=approver),
     }
 
 

@@ -12,7 +12,7 @@ from approvals.management.tenants import tenant_named, user_named
 class Command(BaseCommand):
     help = (
         "Remove a member: remove_member --tenant SLUG --user NAME. A tenant's last admin stays; "
-        "the user's open pages stop hearing the tenant at once."
+        "the user is signed out everywhere at once."
     )
 
     def add_arguments(self, parser) -> None:

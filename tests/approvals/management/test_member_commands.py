@@ -320,14 +320,17 @@ def test_remove_member_stops_the_members_open_socket_hearing_the_tenant(settings
                 "remove_member", "--tenant", "acme", "--user", "leaver"
             )
             await database_sync_to_async(decide)(after, user=approver, approve=True)
+            # Signed out everywhere, the socket closes, and hears nothing of the tenant first.
+            closed = await communicator.receive_output(timeout=5)
             quiet = await communicator.receive_nothing(timeout=0.5)
-            return heard, quiet
+            return heard, closed, quiet
         finally:
             await communicator.disconnect()
 
-    heard, quiet = async_to_sync(scenario)()
+    heard, closed, quiet = async_to_sync(scenario)()
 
     assert f'data-ticket="{before.pk}"' in heard[0]
+    assert closed == {"type": "websocket.close", "code": 4401}
     assert quiet is True
     assert not Membership.objects.filter(user=leaver).exists()
 

@@ -8,6 +8,8 @@ from allauth.account import views as account_views
 from allauth.socialaccount.providers.openid_connect import views as oidc_views
 from django.urls import include, path
 
+from accounts import views
+
 urlpatterns = [
     path("login/", account_views.login, name="account_login"),
     path("logout/", account_views.logout, name="account_logout"),
@@ -24,4 +26,10 @@ urlpatterns = [
         name="openid_connect_callback",
     ),
     path("sessions/", include("allauth.usersessions.urls")),
+    # The console's own: an invitation followed through a provider; a tenant's Sign-in page.
+    path("sso/<str:provider_id>/invitation/", views.invitation_sso, name="sso-invitation"),
+    path("sign-in/", views.sign_in_settings, name="sign-in-settings"),
+    path("sign-in/save/", views.sign_in_save, name="sign-in-save"),
+    path("sign-in/mappings/", views.mapping_add, name="sso-mapping-add"),
+    path("sign-in/mappings/remove/", views.mapping_remove, name="sso-mapping-remove"),
 ]

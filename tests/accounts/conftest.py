@@ -1,0 +1,1 @@
+from tests.accounts.oidc_provider import oidc_provider, oidc_server  # noqa: F401

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from http import HTTPStatus
 from pathlib import Path
 from socketserver import ThreadingMixIn
-from urllib.parse import parse_qs, urlencode, urlsplit
+from urllib.parse import parse_qs, urlencode
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import pytest

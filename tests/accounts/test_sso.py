@@ -16,7 +16,7 @@ from accounts import sso
 from accounts.models import GroupGrant, GroupRole, TenantSignOn
 from approvals import invitations
 from approvals.models import AuditEvent, Membership, Role
-from tests.support import PASSWORD, TenantFactory, UserFactory, member
+from tests.support import PASSWORD, TenantFactory, member
 
 pytestmark = pytest.mark.django_db
 

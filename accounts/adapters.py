@@ -41,7 +41,9 @@ class AccountAdapter(DefaultAccountAdapter):
 
 class SocialAccountAdapter(DefaultSocialAccountAdapter):
     def pre_social_login(self, request, sociallogin) -> None:
-        if sociallogin.is_existing:
+        if sociallogin.is_existing or sociallogin.state.get("process") == "connect":
+            # Signed in already and linking their own provider account (the page "Your tenants
+            # and roles"): no new account, so nothing to admit.
             return
         provider_id = sociallogin.account.provider
         try:

@@ -138,6 +138,7 @@ def test_an_invitation_is_accepted_through_sso(oidc_provider, acme):
     token = sent.link.rstrip("/").rsplit("/", 1)[-1]
     client = Client()
     page = client.get(reverse("approvals:invitation", args=[token]))
+    assert f'action="{reverse("sso-invitation", args=["sso"])}"' in page.content.decode()
     assert "Sign in with Test IdP" in page.content.decode()
     oidc_provider.set_user(sub="s-5", preferred_username="ivy", email="ivy@corp.example")
     response = round_trip(
@@ -254,3 +255,39 @@ def test_requiring_sso_ends_members_password_sessions(oidc_provider, acme):
     assert events(acme, "auth.settings_changed")[-1].detail["changes"] == (
         "provider none → sso, SSO required on"
     )
+
+
+def test_a_signed_in_local_user_links_their_provider_account_then_signs_in_with_it(
+    oidc_provider, acme
+):
+    local = member(acme, Role.APPROVER, username="lee")
+    client = Client()
+    client.force_login(local)
+    me = client.get(reverse("approvals:me")).content.decode()
+    assert "Link Test IdP" in me
+    oidc_provider.set_user(sub="s-9", preferred_username="lee.corp", email="lee@corp.example")
+    round_trip(client, data={"process": "connect", "next": reverse("approvals:me")})
+    assert SocialAccount.objects.get(uid="s-9").user == local
+    assert User.objects.filter(username__startswith="lee").count() == 1
+    assert "Test IdP</strong>: linked." in client.get(reverse("approvals:me")).content.decode()
+    # Now that tenant may require SSO: the linked account signs in as lee.
+    TenantSignOn.objects.create(tenant=acme, provider_id="sso", required=True)
+    fresh = Client()
+    round_trip(fresh)
+    assert int(fresh.session["_auth_user_id"]) == local.pk
+
+
+def test_an_sso_sign_in_with_another_provider_than_required_is_refused(
+    oidc_provider, acme, settings
+):
+    TenantSignOn.objects.create(tenant=acme, provider_id="okta", required=True)
+    GroupRole.objects.create(tenant=acme, provider_id="sso", group="staff", role=Role.VIEWER)
+    oidc_provider.set_user(sub="s-10", preferred_username="ray", groups=["staff"])
+    round_trip(Client())  # a new account: made a member by the mapping
+    ray = User.objects.get(username="ray")
+    client = Client()
+    response = round_trip(client)
+    assert "_auth_user_id" not in client.session
+    assert response.status_code == 302
+    refused = events(acme, "auth.sign_in_refused")[-1]
+    assert refused.actor == ray and refused.detail["method"] == "sso"

@@ -127,3 +127,30 @@ def test_manage_check_stops_on_a_bad_provider_with_one_line():
         "configuration error: APPROVALS_OIDC_PROVIDERS is not JSON: Expecting value: line 1 "
         "column 1 (char 0)"
     ]
+
+
+def test_the_providers_origins_are_allowed_as_form_targets(env):
+    from config.env import oidc_origin
+
+    env(**SINGLE)
+    [app] = oidc_providers()
+    assert oidc_origin(app) == "https://idp.example.com"
+    env(APPROVALS_OIDC_AUTHORIZE_ORIGIN="https://login.example.net")
+    [app] = oidc_providers()
+    assert oidc_origin(app) == "https://login.example.net"
+    env(APPROVALS_OIDC_AUTHORIZE_ORIGIN="https://login.example.net/authorize")
+    with pytest.raises(ImproperlyConfigured, match="is not scheme://host"):
+        oidc_providers()
+
+
+def test_the_csp_form_action_names_the_providers(settings):
+    from django.http import HttpResponse
+    from django.test import RequestFactory
+
+    from approvals.middleware import SecurityHeadersMiddleware
+
+    settings.CSP_FORM_ACTION_ORIGINS = ["https://idp.example.com"]
+    middleware = SecurityHeadersMiddleware(lambda request: HttpResponse())
+    policy = middleware(RequestFactory().get("/login/"))["Content-Security-Policy"]
+    assert "form-action 'self' https://idp.example.com;" in policy
+    assert "script-src 'self';" in policy

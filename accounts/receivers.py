@@ -4,6 +4,7 @@ Each receiver does nothing but call the function."""
 from __future__ import annotations
 
 from allauth.account.signals import user_logged_in
+from django.contrib import messages
 from django.dispatch import receiver
 
 from accounts import sso
@@ -13,9 +14,15 @@ from accounts import sso
 def _sso_signed_in(sender, request, user, sociallogin=None, **kwargs) -> None:
     # Single sign-on only: password and passkey sign-ins are audited by their own receiver.
     if sociallogin is not None:
-        sso.signed_in(
+        done = sso.signed_in(
             request,
             user=user,
             provider_id=sociallogin.account.provider,
             extra_data=sociallogin.account.extra_data,
         )
+        if done.accepted is not None:
+            messages.success(
+                request,
+                f"Welcome to {done.accepted.tenant.name}: you are "
+                f"{done.accepted.get_role_display().lower()}.",
+            )

@@ -90,3 +90,38 @@ def test_sign_in_with_the_provider_lands_on_the_queue(
     signed = AuditEvent.objects.get(tenant=tenant, action="auth.signed_in", actor=rita.user)
     assert (signed.detail["method"], signed.detail["provider"]) == ("sso", "sso")
     assert GroupRole.objects.filter(tenant=tenant, group="release-managers", role="admin").exists()
+
+
+def test_an_invitee_on_a_phone_joins_through_the_provider(
+    console_browser,
+    sso_console,
+    oidc_provider,  # noqa: F811
+):
+    from approvals import invitations
+
+    tenant = TenantFactory(slug="acme", name="Acme")
+    admin = member(tenant, Role.ADMIN, username="ops-admin")
+    sent = invitations.invite(tenant=tenant, email="ivy@example.com", role="viewer", actor=admin)
+    path = "/" + sent.link.split("/", 3)[3]
+    oidc_provider.set_user(sub="b-2", preferred_username="ivy", email="ivy@example.com")
+
+    with console_browser() as browser:
+        page = new_page(browser, sso_console)
+        page.set_viewport_size({"width": 390, "height": 844})
+        page.goto(path)
+        expect(page.locator("h1")).to_have_text("Join Acme")
+        assert page.evaluate(NO_SIDEWAYS_SCROLL)
+        screenshot(page, "sso-invitation-390")
+        page.get_by_role("button", name="Sign in with Test IdP").focus()
+        page.keyboard.press("Enter")
+        expect(page).to_have_url(re.compile(r"/me/$"))
+        expect(page.locator("#my-tenants tr[data-tenant=acme]")).to_contain_text("Viewer")
+        expect(page.locator("#sso-links")).to_contain_text("Test IdP: linked.")
+        screenshot(page, "sso-me-390")
+
+    ivy = Membership.objects.get(tenant=tenant, user__username="ivy")
+    assert ivy.role == Role.VIEWER
+    accepted = AuditEvent.objects.get(tenant=tenant, action="invitation.accepted")
+    assert accepted.actor == ivy.user
+    added = AuditEvent.objects.filter(tenant=tenant, action="member.added").latest("seq")
+    assert added.detail["via"] == "sso"

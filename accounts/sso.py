@@ -27,6 +27,7 @@ import logging
 import re
 from dataclasses import dataclass
 
+from allauth.account.models import EmailAddress
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import transaction
@@ -214,8 +215,6 @@ def unique_username(extra_data: dict) -> str:
 def email_is_free(email: str) -> bool:
     """No other user has this email (a new SSO user gets it only then: no confusion with, and no
     takeover of, an existing local user)."""
-    from allauth.account.models import EmailAddress
-
     if not email:
         return False
     users = get_user_model()

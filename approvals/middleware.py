@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from django.conf import settings
 from django.db import DataError, InterfaceError, OperationalError, connection
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.shortcuts import render
@@ -40,8 +41,6 @@ def _with_form_targets(policy: str, origins: list[str]) -> str:
 
 class SecurityHeadersMiddleware:
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
-        from django.conf import settings
-
         self.get_response = get_response
         origins = list(getattr(settings, "CSP_FORM_ACTION_ORIGINS", []))
         self.console_csp = _with_form_targets(CONSOLE_CSP, origins)

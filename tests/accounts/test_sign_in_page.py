@@ -41,6 +41,14 @@ def test_only_admins_see_it(client, acme):
     assert client.post(MAP, {"tenant": "acme", "group": "x", "role": "admin"}).status_code == 404
 
 
+def test_another_tenants_admin_gets_404(client, acme):
+    other = TenantFactory(slug="globex")
+    client.force_login(member(other, Role.ADMIN, username="gboss"))
+    assert client.get(PAGE, {"tenant": "acme"}).status_code == 404
+    assert client.post(SAVE, {"tenant": "acme", "provider": ""}).status_code == 404
+    assert client.post(UNMAP, {"tenant": "acme", "mapping": "1"}).status_code == 404
+
+
 def test_the_page_shows_the_settings_and_the_members_page_links_it(
     client, admin, oidc_provider, acme
 ):

@@ -1,11 +1,23 @@
 """The console's adapters for allauth: who may sign in, how, and who may sign up (nobody, but
-by invitation or a group mapped to a role)."""
+by invitation or a group mapped to a role). The rules are accounts.sso's."""
 
 from __future__ import annotations
 
 from allauth.account.adapter import DefaultAccountAdapter
+from allauth.account.internal.flows.login import AUTHENTICATION_METHODS_SESSION_KEY
+from allauth.core.exceptions import ImmediateHttpResponse
 from allauth.mfa.adapter import DefaultMFAAdapter
 from allauth.socialaccount.adapter import DefaultSocialAccountAdapter
+from django.contrib import messages
+from django.shortcuts import redirect, render
+
+from accounts import sso
+
+
+def _method(request) -> str:
+    methods = request.session.get(AUTHENTICATION_METHODS_SESSION_KEY) or []
+    last = methods[-1] if methods else {}
+    return "passkey" if last.get("method") == "mfa" else "password"
 
 
 class AccountAdapter(DefaultAccountAdapter):
@@ -13,10 +25,58 @@ class AccountAdapter(DefaultAccountAdapter):
         # Local accounts are made by an admin or by accepting an invitation, never by a form.
         return False
 
+    def pre_login(self, request, user, **kwargs):
+        sociallogin = (kwargs.get("signal_kwargs") or {}).get("sociallogin")
+        if sociallogin is not None:
+            refusal = sso.refuse_sign_in(
+                user=user, provider_id=sociallogin.account.provider, method="sso"
+            )
+        else:
+            refusal = sso.refuse_sign_in(user=user, provider_id=None, method=_method(request))
+        if refusal:
+            messages.error(request, refusal)
+            return redirect("login")
+        return super().pre_login(request, user, **kwargs)
+
 
 class SocialAccountAdapter(DefaultSocialAccountAdapter):
+    def pre_social_login(self, request, sociallogin) -> None:
+        if sociallogin.is_existing or sociallogin.state.get("process") == "connect":
+            # Signed in already and linking their own provider account (the page "Your tenants
+            # and roles"): no new account, so nothing to admit.
+            return
+        provider_id = sociallogin.account.provider
+        try:
+            sso.admit(request, provider_id=provider_id, extra_data=sociallogin.account.extra_data)
+        except sso.SignUpRefused as refused:
+            response = render(
+                request,
+                "account/sso_refused.html",
+                {"reason": refused.sentence(), "provider_name": sso.provider_name(provider_id)},
+                status=403,
+            )
+            raise ImmediateHttpResponse(response) from None
+        # Never a second user with the email of an existing one (no takeover, no confusion).
+        user = sociallogin.user
+        if user is not None and not sso.email_is_free(user.email):
+            user.email = ""
+            sociallogin.email_addresses = []
+
     def is_open_for_signup(self, request, sociallogin) -> bool:
-        return False
+        try:
+            sso.admit(
+                request,
+                provider_id=sociallogin.account.provider,
+                extra_data=sociallogin.account.extra_data,
+            )
+        except sso.SignUpRefused:
+            return False
+        return True
+
+    def populate_user(self, request, sociallogin, data):
+        user = super().populate_user(request, sociallogin, data)
+        user.username = sso.unique_username(sociallogin.account.extra_data)
+        return user
 
 
 class MFAAdapter(DefaultMFAAdapter):

@@ -47,3 +47,23 @@ class GroupRole(models.Model):
 
     def __str__(self) -> str:
         return f"{self.provider_id}:{self.group} -> {self.role} in {self.tenant.slug}"
+
+
+class GroupGrant(models.Model):
+    """A membership that a group mapping gave (accounts.sso.sync_groups): the next SSO sign-in
+    changes its role with the mapping, and removes it when no mapped group is left. A
+    membership without a grant was given by an invitation or an admin and is left alone."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="+")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    provider_id = models.CharField(max_length=30)
+    groups = models.JSONField(default=list)
+    granted_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "user"], name="sso_group_grant_unique")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user_id} in {self.tenant_id} by {self.provider_id}"

@@ -8,7 +8,7 @@ from allauth.account import views as account_views
 from allauth.socialaccount.providers.openid_connect import views as oidc_views
 from django.urls import include, path
 
-from accounts import views
+from accounts.views import sessions, sso
 
 urlpatterns = [
     path("login/", account_views.login, name="account_login"),
@@ -26,5 +26,11 @@ urlpatterns = [
         name="openid_connect_callback",
     ),
     # allauth's own name, so its links find the console's page of one's sessions.
-    path("sessions/", views.sessions, name="usersessions_list"),
+    path("sessions/", sessions.sessions, name="usersessions_list"),
+    # The console's own: an invitation followed through a provider; a tenant's Sign-in page.
+    path("sso/<str:provider_id>/invitation/", sso.invitation_sso, name="sso-invitation"),
+    path("sign-in/", sso.sign_in_settings, name="sign-in-settings"),
+    path("sign-in/save/", sso.sign_in_save, name="sign-in-save"),
+    path("sign-in/mappings/", sso.mapping_add, name="sso-mapping-add"),
+    path("sign-in/mappings/remove/", sso.mapping_remove, name="sso-mapping-remove"),
 ]

@@ -179,6 +179,7 @@ def accept(
     user=None,
     username: str = "",
     password: str = "",
+    channel: str = "invitation",
 ) -> Membership:
     """Accept the invitation: the signed-in user, or a new user with this username and
     password, becomes a member of its tenant with its role. A link works once.
@@ -186,7 +187,8 @@ def accept(
     Side effects, in one transaction under the invitation row's lock: the user when new (with
     the invitation's email), the Membership and its audit event member.added (through
     tenancy.add_member), the invitation marked accepted and an audit event invitation.accepted
-    (detail: email, role, user).
+    (detail: email, role, user). channel names how it was accepted in member.added ("sso":
+    after a single sign-on round trip, accounts.sso).
     Raises:
         InvitationNotValidError, InvitationClosedError: as open_invitation.
         InvitationError: a new user without a password.
@@ -209,7 +211,7 @@ def accept(
                 username=user.get_username(),
                 role=invitation.role,
                 actor=user,
-                channel="invitation",
+                channel=channel,
             )
         else:
             membership = tenancy.add_member(

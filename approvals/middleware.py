@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from django.conf import settings
 from django.db import DataError, InterfaceError, OperationalError, connection
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.shortcuts import render
@@ -30,13 +31,24 @@ CONSOLE_CSP = "; ".join(
 ADMIN_CSP = CONSOLE_CSP.replace("style-src 'self'", "style-src 'self' 'unsafe-inline'")
 
 
+def _with_form_targets(policy: str, origins: list[str]) -> str:
+    """The policy whose form-action also allows these origins (a "Sign in with ..." form posts
+    here and is redirected to the single sign-on provider, which form-action also checks)."""
+    if not origins:
+        return policy
+    return policy.replace("form-action 'self'", "form-action 'self' " + " ".join(origins))
+
+
 class SecurityHeadersMiddleware:
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
         self.get_response = get_response
+        origins = list(getattr(settings, "CSP_FORM_ACTION_ORIGINS", []))
+        self.console_csp = _with_form_targets(CONSOLE_CSP, origins)
+        self.admin_csp = _with_form_targets(ADMIN_CSP, origins)
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
         response = self.get_response(request)
-        policy = ADMIN_CSP if request.path.startswith("/admin/") else CONSOLE_CSP
+        policy = self.admin_csp if request.path.startswith("/admin/") else self.console_csp
         response.headers.setdefault("Content-Security-Policy", policy)
         response.headers.setdefault("Cross-Origin-Opener-Policy", "same-origin")
         response.headers.setdefault(

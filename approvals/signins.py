@@ -12,7 +12,7 @@ recorded sessions can be found (and a signed-cookie session cannot be ended by t
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from importlib import import_module
 
 from allauth.usersessions.models import UserSession
@@ -32,8 +32,8 @@ def _store_class():
     return import_module(settings.SESSION_ENGINE).SessionStore
 
 
-def _unrecorded_session_keys(user, *, skip: set[str]) -> list[str]:
-    """Keys of the user's unexpired Django sessions that allauth did not record."""
+def _unrecorded_sessions(user, *, skip: set[str]) -> list[tuple[str, dict]]:
+    """Keys and data of the user's unexpired Django sessions that allauth did not record."""
     store_class = _store_class()
     if not hasattr(store_class, "get_model_class"):
         return []
@@ -45,9 +45,10 @@ def _unrecorded_session_keys(user, *, skip: set[str]) -> list[str]:
         .exclude(session_key__in=skip)
         .values_list("session_key", "session_data")
     )
-    for key, data in rows.iterator(chunk_size=_SCAN_CHUNK):
-        if str(store_class().decode(data).get("_auth_user_id", "")) == wanted:
-            keys.append(key)
+    for key, encoded in rows.iterator(chunk_size=_SCAN_CHUNK):
+        data = store_class().decode(encoded)
+        if str(data.get("_auth_user_id", "")) == wanted:
+            keys.append((key, data))
     return keys
 
 
@@ -59,10 +60,12 @@ def end_sessions(
     keep_session_key: str | None = None,
     only_session_keys: Collection[str] | None = None,
     tenant: Tenant | None = None,
+    keep: Callable[[dict], bool] | None = None,
 ) -> int:
     """End every session of the user but the one keep_session_key names (or, given
     only_session_keys, just those of the user's recorded sessions), and return how many were
-    still signed in.
+    still signed in. keep, given, is asked about each session's data (a dict): a session it
+    accepts stays (accounts.sso keeps those signed in through the tenant's provider).
 
     reason is the audit's sentence ("signed out the other sessions", "removed from acme");
     actor is who ended them (None for the system). Inside a caller's transaction the sessions
@@ -87,14 +90,16 @@ def end_sessions(
             recorded = recorded.filter(session_key__in=list(only_session_keys))
         for session in recorded:
             seen.add(session.session_key)
+            if keep is not None and keep(store_class(session.session_key).load()):
+                continue
             # A recorded session may already be gone (expired, signed out): not counted.
             if session.exists():
                 ended += 1
             session.end()
-        unrecorded = (
-            [] if only_session_keys is not None else _unrecorded_session_keys(user, skip=seen)
-        )
-        for key in unrecorded:
+        unrecorded = [] if only_session_keys is not None else _unrecorded_sessions(user, skip=seen)
+        for key, data in unrecorded:
+            if keep is not None and keep(data):
+                continue
             store_class().delete(key)
             ended += 1
         if not ended:

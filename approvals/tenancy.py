@@ -337,3 +337,30 @@ def set_role(
             tenant=tenant, user=user, reason=f"role changed in {tenant.slug}", actor=actor
         )
     return RoleChange(membership, previous)
+
+
+def set_sign_in_settings(
+    *, tenant: Tenant, deciders_need_two_factor: bool, actor=None, channel: str = "console"
+) -> list[str]:
+    """The tenant's sign-in settings kept in approvals: whether deciders must have two-factor
+    (the rule itself is approvals.decisions'). Returns the changes, empty when none.
+
+    Side effects: the Tenant's field and an audit event auth.settings_changed (detail: changes,
+    channel), in one transaction under the tenant's lock; nothing when unchanged.
+    """
+    with transaction.atomic():
+        locked = Tenant.objects.select_for_update().get(pk=tenant.pk)
+        if locked.deciders_need_two_factor == deciders_need_two_factor:
+            return []
+        locked.deciders_need_two_factor = deciders_need_two_factor
+        locked.save(update_fields=["deciders_need_two_factor"])
+        tenant.deciders_need_two_factor = deciders_need_two_factor
+        changes = [f"deciders need two-factor {'on' if deciders_need_two_factor else 'off'}"]
+        chain.append(
+            tenant_id=tenant.pk,
+            action="auth.settings_changed",
+            actor=actor,
+            outcome="changed",
+            detail={"changes": ", ".join(changes), "via": channel},
+        )
+    return changes

@@ -225,6 +225,18 @@ def load_dev_secrets(path: Path) -> dict[str, str]:
 _PROVIDER_ID = re.compile(r"^[a-z0-9][a-z0-9-]{0,29}$")
 
 
+def _authorize_origin(raw: dict, where: str) -> dict:
+    """An authorization endpoint on another origin than the issuer (rare): "authorize_origin"
+    in APPROVALS_OIDC_PROVIDERS, or APPROVALS_OIDC_AUTHORIZE_ORIGIN."""
+    origin = str(raw.get("authorize_origin") or "").rstrip("/")
+    if not origin:
+        return {}
+    parts = urlsplit(origin)
+    if parts.scheme not in {"http", "https"} or not parts.netloc or parts.path:
+        raise ImproperlyConfigured(f"{where}: authorize_origin {origin!r} is not scheme://host")
+    return {"authorize_origin": origin}
+
+
 def _oidc_provider(raw: dict, where: str) -> dict:
     """One OpenID Connect provider as allauth's openid_connect app: issuer, client id, secret."""
     if not isinstance(raw, dict):
@@ -255,8 +267,19 @@ def _oidc_provider(raw: dict, where: str) -> dict:
             "scope": list(scopes),
             # The claim whose values map to tenant roles (accounts.sso).
             "groups_claim": str(raw.get("groups_claim") or "groups"),
+            **_authorize_origin(raw, where),
         },
     }
+
+
+def oidc_origin(app: dict) -> str:
+    """The origin (scheme://host[:port]) of a provider's issuer, where its sign-in page is;
+    the setting "authorize_origin" names another one (an authorization endpoint elsewhere)."""
+    settings = app.get("settings") or {}
+    if settings.get("authorize_origin"):
+        return str(settings["authorize_origin"])
+    parts = urlsplit(settings.get("server_url", ""))
+    return f"{parts.scheme}://{parts.netloc}"
 
 
 def oidc_providers() -> list[dict]:
@@ -290,6 +313,7 @@ def oidc_providers() -> list[dict]:
         "secret": os.environ.get("APPROVALS_OIDC_CLIENT_SECRET", ""),
         "scopes": os.environ.get("APPROVALS_OIDC_SCOPES", ""),
         "groups_claim": os.environ.get("APPROVALS_OIDC_GROUPS_CLAIM", ""),
+        "authorize_origin": os.environ.get("APPROVALS_OIDC_AUTHORIZE_ORIGIN", ""),
     }
     if any(single[key] for key in ("issuer", "client_id", "secret")):
         providers.append(_oidc_provider(single, "APPROVALS_OIDC_ISSUER/_CLIENT_ID/_CLIENT_SECRET"))

@@ -22,6 +22,7 @@ from config.env import (
     env_str,
     env_url,
     load_dev_secrets,
+    oidc_origin,
     oidc_providers,
     parse_encryption_keys,
     parse_signing_key,
@@ -218,6 +219,10 @@ SOCIALACCOUNT_ONLY = False
 # OpenID Connect providers from the environment (config.env.oidc_providers): Okta, Entra ID,
 # Google Workspace, Keycloak... each with its issuer, client id and secret.
 SOCIALACCOUNT_PROVIDERS = {"openid_connect": {"APPS": oidc_providers()}}
+# The "Sign in with ..." forms are redirected to the providers: CSP form-action allows them.
+CSP_FORM_ACTION_ORIGINS = sorted(
+    {oidc_origin(app) for app in SOCIALACCOUNT_PROVIDERS["openid_connect"]["APPS"]}
+)
 MFA_SUPPORTED_TYPES = ["totp", "recovery_codes", "webauthn"]
 MFA_PASSKEY_LOGIN_ENABLED = True
 MFA_TOTP_ISSUER = env_str("APPROVALS_TOTP_ISSUER", "Approval console")

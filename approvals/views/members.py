@@ -220,7 +220,7 @@ def invitation_accept(request: HttpRequest, token: str) -> HttpResponse:
         )
     signed_in = request.user.is_authenticated
     form = AcceptForm(request.POST if request.method == "POST" and not signed_in else None)
-    context = {"invitation": invitation, "form": form, "signed_in": signed_in}
+    context = {"invitation": invitation, "form": form, "signed_in": signed_in, "token": token}
     if request.method == "GET":
         return render(request, "approvals/invitation.html", context)
     if signed_in or form.is_valid():

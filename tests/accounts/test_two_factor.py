@@ -128,7 +128,7 @@ def test_two_factor_index_is_in_the_console_look(client, person):
     body = client.get(reverse("mfa_index")).content.decode()
 
     assert '<link rel="stylesheet" href="/static/console/accounts.css">' in body
-    assert body.count('<section class="card account-panel">') == 3
+    assert body.count('<section class="card account-panel" id="mfa-') == 3
     assert 'href="/accounts/2fa/totp/deactivate/"' in body
     assert 'href="/accounts/2fa/recovery-codes/"' in body
 

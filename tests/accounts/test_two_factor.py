@@ -339,3 +339,15 @@ def test_my_page_names_the_tenants_that_ask_for_it(client, person):
     body = client.get(reverse("approvals:me")).content.decode()
 
     assert 'id="two-factor-asked">Acme asks deciders for two-factor' in body
+
+
+def test_the_totp_secret_is_stored_sealed(person):
+    secret, _ = give_totp(person)
+
+    stored = Authenticator.objects.get(user=person, type="totp").data["secret"]
+
+    assert stored.startswith("sealed:")
+    assert secret not in stored
+    assert (
+        Authenticator.objects.get(user=person, type="totp").wrap().validate_code(totp_code(secret))
+    )

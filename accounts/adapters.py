@@ -9,6 +9,7 @@ from allauth.account.adapter import DefaultAccountAdapter
 from allauth.mfa.adapter import DefaultMFAAdapter
 from allauth.socialaccount.adapter import DefaultSocialAccountAdapter
 
+from accounts import audit
 from approvals.core import crypto
 
 # Two-factor secrets (the TOTP key, the recovery codes' seed) are sealed with the console's
@@ -21,6 +22,13 @@ class AccountAdapter(DefaultAccountAdapter):
     def is_open_for_signup(self, request) -> bool:
         # Local accounts are made by an admin or by accepting an invitation, never by a form.
         return False
+
+    def logout(self, request) -> None:
+        # allauth signs a person out only through here (the sign-out button, a password change):
+        # auth's user_logged_out would also count every session a test or a command closes.
+        user = request.user if request.user.is_authenticated else None
+        super().logout(request)
+        audit.record_sign_out(user=user)
 
 
 class SocialAccountAdapter(DefaultSocialAccountAdapter):

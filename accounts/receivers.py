@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from allauth.account.signals import user_logged_in
 from allauth.mfa import signals as mfa_signals
-from django.contrib.auth.signals import user_logged_out
 from django.dispatch import receiver
 
 from accounts import audit
@@ -14,11 +13,6 @@ from accounts import audit
 @receiver(user_logged_in, dispatch_uid="accounts.signed_in")
 def _signed_in(sender, request, user, **kwargs) -> None:
     audit.record_sign_in(request=request, user=user)
-
-
-@receiver(user_logged_out, dispatch_uid="accounts.signed_out")
-def _signed_out(sender, request=None, user=None, **kwargs) -> None:
-    audit.record_sign_out(user=user)
 
 
 @receiver(mfa_signals.authenticator_added, dispatch_uid="accounts.mfa_enrolled")

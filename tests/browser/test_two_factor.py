@@ -18,7 +18,7 @@ from tests.browser.conftest import (
     virtual_credentials,
 )
 from tests.browser.test_console import expect
-from tests.support import PASSWORD, TenantFactory, member, totp_code
+from tests.support import PASSWORD, TenantFactory, member, pending_ticket, totp_code
 
 pytestmark = [
     pytest.mark.skipif(bool(chromium_skip_reason()), reason=chromium_skip_reason() or "-"),
@@ -170,3 +170,29 @@ def test_an_authenticator_app_is_enrolled_and_asked_for_at_sign_in(
     )
     assert [d[0]["second_factor"] for d in signed_in] == ["none", "totp"]
     assert AuditEvent.objects.filter(action="mfa.failed").count() == 1
+
+
+def test_a_decider_without_two_factor_is_shown_the_way_instead_of_buttons(
+    console_browser, live_server_only
+):
+    tenant = TenantFactory(slug="acme", name="Acme", deciders_need_two_factor=True)
+    member(tenant, "approver", username="rm-carol")
+    ticket = pending_ticket(tenant, requested_by=member(tenant, "viewer", username="dev-rita"))
+
+    with console_browser() as browser:
+        page = new_page(browser, live_server_only)
+        _sign_in_with_password(page, "rm-carol")
+        expect(page.locator("#two-factor-needed")).to_contain_text("Acme asks deciders")
+        expect(page.locator("#batch-form")).to_have_count(0)
+        screenshot(page, "two-factor-queue-callout-1280")
+        page.goto(f"/tickets/{ticket.pk}/")
+        callout = page.locator("#decision #two-factor-needed")
+        expect(callout).to_contain_text("Two-factor first.")
+        expect(page.locator("#decide-form")).to_have_count(0)
+        screenshot(page, "two-factor-ticket-callout-1280")
+        page.set_viewport_size({"width": 390, "height": 844})
+        _no_sideways_scroll(page)
+        screenshot(page, "two-factor-ticket-callout-390")
+        callout.locator("a.button").focus()
+        page.keyboard.press("Enter")
+        expect(page).to_have_url(re.compile(r"/accounts/2fa/$"))

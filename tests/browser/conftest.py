@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ import pytest
 
 from devtools.processes import ROOT, Proc, Processes, start_web
 from tests.conftest import subprocess_env
+from tests.support import PASSWORD
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_MISSING = "Chromium not installed at /usr/bin/chromium: apt-get install chromium"
@@ -195,3 +197,13 @@ def virtual_credentials(page, authenticator_id: str) -> list[dict]:
     """The credentials the virtual authenticator holds (one per passkey registered)."""
     cdp = page._virtual_authenticator_cdp
     return cdp.send("WebAuthn.getCredentials", {"authenticatorId": authenticator_id})["credentials"]
+
+
+def confirm_password(page, password: str = PASSWORD) -> None:
+    """Answer allauth's "Confirm Access" page (asked before any change to a person's second
+    factors) with the password, by keyboard."""
+    from playwright.sync_api import expect
+
+    expect(page).to_have_url(re.compile(r"/accounts/reauthenticate/"), timeout=TIMEOUT_MS)
+    page.fill("input[name=password]", password)
+    page.keyboard.press("Enter")

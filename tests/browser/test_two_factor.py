@@ -12,6 +12,7 @@ from allauth.mfa.models import Authenticator
 from approvals.models import AuditEvent
 from tests.browser.conftest import (
     chromium_skip_reason,
+    confirm_password,
     new_page,
     passkey_page,
     screenshot,
@@ -45,13 +46,6 @@ def _sign_in_with_password(page, username: str) -> None:
     page.click("form button[type=submit]")
 
 
-def _confirm_password(page) -> None:
-    """allauth asks for the password again before a change to the second factors."""
-    expect(page).to_have_url(re.compile(r"/accounts/reauthenticate/"))
-    page.fill("input[name=password]", PASSWORD)
-    page.keyboard.press("Enter")
-
-
 def _no_sideways_scroll(page) -> None:
     widths = page.evaluate("[document.documentElement.scrollWidth, window.innerWidth]")
     assert widths[0] <= widths[1], f"{page.url} scrolls sideways: {widths}"
@@ -69,7 +63,9 @@ def test_a_passkey_is_enrolled_and_signs_in_without_a_password(console_browser, 
 
         page.goto("/me/")
         page.click("#passkeys-link")
-        _confirm_password(page)
+        expect(page.locator("h1")).to_have_text("Confirm Access")
+        screenshot(page, "two-factor-reauthenticate")
+        confirm_password(page)
         expect(page.locator("h1")).to_have_text("Add a passkey")
         page.fill("input[name=name]", "Laptop")
         page.check("#id_passwordless")
@@ -127,7 +123,7 @@ def test_an_authenticator_app_is_enrolled_and_asked_for_at_sign_in(
         expect(page.locator("h1")).to_have_text("Two-Factor Authentication")
         screenshot(page, "two-factor-index-off")
         page.click("#mfa-totp a")
-        _confirm_password(page)
+        confirm_password(page)
         expect(page.locator("h1")).to_have_text("Set up an authenticator app")
         qr = page.locator("img.qr")
         expect(qr).to_be_visible()

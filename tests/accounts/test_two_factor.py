@@ -11,6 +11,7 @@ from allauth.mfa.totp.internal.auth import SECRET_SESSION_KEY
 from django.contrib.auth import SESSION_KEY
 from django.urls import reverse
 
+from accounts import audit
 from approvals.models import AuditEvent, Role
 from tests.support import (
     PASSWORD,
@@ -351,3 +352,26 @@ def test_the_totp_secret_is_stored_sealed(person):
     assert (
         Authenticator.objects.get(user=person, type="totp").wrap().validate_code(totp_code(secret))
     )
+
+
+# --- how a sign-in is described --------------------------------------------------------------
+
+
+def test_sign_in_detail_names_sso_with_its_provider_and_ignores_reauthentication():
+    records = [
+        {"method": "socialaccount", "at": 1.0, "provider": "okta", "uid": "u1"},
+        {"method": "mfa", "at": 2.0, "type": "webauthn", "id": 3},
+        {"method": "password", "at": 3.0, "reauthenticated": True},
+    ]
+
+    assert audit.sign_in_detail(records) == {
+        "method": "sso",
+        "provider": "okta",
+        "second_factor": "webauthn",
+    }
+
+
+def test_sign_in_detail_names_a_passkey_sign_in_without_a_second_factor():
+    records = [{"method": "mfa", "at": 1.0, "type": "webauthn", "id": 3, "passwordless": True}]
+
+    assert audit.sign_in_detail(records) == {"method": "passkey", "second_factor": "none"}

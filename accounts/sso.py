@@ -237,8 +237,8 @@ class SignedIn:
 
 def signed_in(request, *, user, provider_id: str, extra_data: dict) -> SignedIn:
     """What an SSO sign-in does: the invitation followed is accepted for the account (channel
-    "sso"), the groups claim is mapped to memberships (sync_groups), and the sign-in is audited
-    (auth.signed_in, method "sso", with the provider) in each tenant the user belongs to.
+    "sso") and the groups claim is mapped to memberships (sync_groups). The sign-in itself is
+    audited afterwards, in the tenants this gave (accounts.audit.record_sign_in).
     """
     accepted = None
     token, invitation = _pending_invitation(request)
@@ -249,7 +249,6 @@ def signed_in(request, *, user, provider_id: str, extra_data: dict) -> SignedIn:
         except DomainError as error:
             logger.info("invitation not accepted for %s: %s", user.get_username(), error)
     synced = sync_groups(user=user, provider_id=provider_id, extra_data=extra_data)
-    record_sign_in(user=user, provider_id=provider_id)
     return SignedIn(accepted, *synced)
 
 
@@ -309,26 +308,6 @@ def sync_groups(*, user, provider_id: str, extra_data: dict) -> tuple[list, list
                 "groups of %s not applied in %s: %s", user.get_username(), tenant.slug, error
             )
     return added, changed, removed
-
-
-def record_sign_in(*, user, provider_id: str) -> None:
-    """auth.signed_in (method "sso", the provider's id and name) in each tenant of the user."""
-    for tenant_id in Membership.objects.filter(user=user).values_list("tenant_id", flat=True):
-        with transaction.atomic():
-            chain.append(
-                tenant_id=tenant_id,
-                action="auth.signed_in",
-                actor=user,
-                outcome="signed_in",
-                detail={
-                    "method": "sso",
-                    "provider": provider_id,
-                    "provider_name": provider_name(provider_id),
-                },
-            )
-
-
-# --- tenants that want SSO ---------------------------------------------------------------------
 
 
 def required_providers(user) -> dict[Tenant, str]:

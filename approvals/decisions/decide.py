@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from approvals import members, transitions
 from approvals.audit import chain
-from approvals.decisions import calls, digest, stepup
+from approvals.decisions import calls, digest, factors, stepup
 from approvals.decisions.errors import (
     AlreadyDecidedError,
     AlreadyVotedError,
@@ -58,6 +58,7 @@ def check_decider(ticket: Ticket, user, *, approve: bool) -> Membership:
     membership = ticket_membership(user, ticket)
     if not membership.can_decide:
         raise NotAllowedError(f"the {membership.role} role cannot decide tickets")
+    factors.check_second_factor(membership, tenant=ticket.tenant, user=user)
     if approve and ticket.is_requested_by(user):
         raise SelfApprovalError("you requested this call, so someone else must approve it")
     return membership

@@ -23,6 +23,11 @@ class SelfApprovalError(DecisionError, ForbiddenError):
     pass
 
 
+class TwoFactorRequiredError(DecisionError, ForbiddenError):
+    """The tenant asks its deciders for a second factor (Tenant.deciders_need_two_factor) and
+    this one has none yet."""
+
+
 class TicketExpiredError(DecisionError, ConflictError):
     pass
 

@@ -14,6 +14,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from approvals import invitations, tenancy
 from approvals.core.errors import DomainError
+from approvals.decisions import factors
 from approvals.forms.members import AcceptForm, AddMemberForm, InviteForm, RoleForm
 from approvals.models import ApproverGroup, Membership, Role, Tenant
 from approvals.views import access, errors
@@ -277,5 +278,9 @@ def me(request: HttpRequest) -> HttpResponse:
         "approvals/me.html",
         {
             "rows": [(m, groups.get(m.tenant_id, [])) for m in memberships],
+            "factors": factors.factors_of(request.user),
+            "two_factor_tenants": [
+                m.tenant.name for m in memberships if m.tenant.deciders_need_two_factor
+            ],
         },
     )

@@ -16,7 +16,7 @@ from django.views.decorators.http import require_GET
 
 from approvals.core import presenters
 from approvals.core.pagination import BadCursor, after_descending
-from approvals.decisions import calls, digest
+from approvals.decisions import calls, digest, factors
 from approvals.execution import registry
 from approvals.forms.filters import QueueFilterForm
 from approvals.models import (
@@ -70,12 +70,20 @@ def queue(request: HtmxHttpRequest) -> HttpResponse:
         status = 400
     # Filter choices come from configuration and memberships, never from scanning tickets.
     rows = [_queue_row(t, memberships) for t in page.rows] if page else []
-    may_batch = any(m.can_decide for m in memberships.values())
+    # Tenants whose deciders need two-factor the user lacks: named, with a link to set it up.
+    two_factor_tenants = [
+        m.tenant.name
+        for m in memberships.values()
+        if factors.lacks_second_factor(m, tenant=m.tenant, user=request.user)
+    ]
+    deciding = [m for m in memberships.values() if m.can_decide]
+    may_batch = len(deciding) > len(two_factor_tenants)
     context = {
         "form": form,
         "page": page,
         "rows": rows,
         "may_batch": may_batch,
+        "two_factor_tenants": sorted(two_factor_tenants),
         "keys": keys.queue_keys(has_rows=bool(rows), may_batch=may_batch),
         "tenants": slugs,
         "tools": registry.tool_names(),

@@ -19,7 +19,7 @@ from django_htmx.http import HttpResponseClientRedirect
 
 from approvals.core import presenters
 from approvals.core.errors import DomainError
-from approvals.decisions import baseline, calls, comments, decide, digest, stepup
+from approvals.decisions import baseline, calls, comments, decide, digest, factors, stepup
 from approvals.decisions.errors import StepUpRequiredError
 from approvals.execution import registry
 from approvals.forms.decisions import CommentForm, DecisionForm
@@ -65,7 +65,17 @@ def ticket_context(request: HttpRequest, ticket: Ticket, membership: Membership)
         if membership.can_decide and ticket.is_pending
         else ""
     )
-    may_decide = membership.can_decide and ticket.is_pending and not expired and not policy_refusal
+    # The tenant asks its deciders for two-factor: a link to set it up, not buttons that fail.
+    needs_two_factor = ticket.is_pending and factors.lacks_second_factor(
+        membership, tenant=ticket.tenant, user=request.user
+    )
+    may_decide = (
+        membership.can_decide
+        and ticket.is_pending
+        and not expired
+        and not policy_refusal
+        and not needs_two_factor
+    )
     # Edit and approve: the pre-authorisation this ticket made (edited_into) or used (edited_from).
     edits = {
         "into" if p.original_ticket_id == ticket.pk else "from": p
@@ -93,6 +103,7 @@ def ticket_context(request: HttpRequest, ticket: Ticket, membership: Membership)
         "resume_blocker": blocker,
         "my_vote": my_vote,
         "policy_refusal": policy_refusal,
+        "needs_two_factor": needs_two_factor,
         "invalidations": _invalidations(votes),
         "ticket": ticket,
         "run": run,

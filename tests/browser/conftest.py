@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ import pytest
 
 from devtools.processes import ROOT, Proc, Processes, start_web
 from tests.conftest import subprocess_env
+from tests.support import PASSWORD
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_MISSING = "Chromium not installed at /usr/bin/chromium: apt-get install chromium"
@@ -151,3 +153,57 @@ def new_page(browser, console: LiveConsole):
     context = browser.new_context(base_url=console.url, viewport={"width": 1280, "height": 860})
     context.set_default_timeout(TIMEOUT_MS)
     return context.new_page()
+
+
+def passkey_page(browser, console: LiveConsole, *, width: int = 1280, height: int = 860):
+    """A fresh context and page on http://localhost:<port> with a virtual authenticator.
+
+    WebAuthn refuses an IP address as relying party id, and allauth takes the id from the
+    request's host: the page is on localhost (a secure context without TLS), not 127.0.0.1.
+    The authenticator is Chromium's DevTools one: a platform authenticator with resident keys
+    that verifies the user and confirms presence by itself. Returns (page, authenticator_id).
+    """
+    url = console.url.replace("127.0.0.1", "localhost")
+    context = browser.new_context(base_url=url, viewport={"width": width, "height": height})
+    context.set_default_timeout(TIMEOUT_MS)
+    page = context.new_page()
+    authenticator_id = add_virtual_authenticator(page)
+    return page, authenticator_id
+
+
+def add_virtual_authenticator(page) -> str:
+    """Chromium's virtual authenticator on the page (DevTools protocol WebAuthn domain)."""
+    cdp = page.context.new_cdp_session(page)
+    cdp.send("WebAuthn.enable")
+    added = cdp.send(
+        "WebAuthn.addVirtualAuthenticator",
+        {
+            "options": {
+                "protocol": "ctap2",
+                "transport": "internal",
+                "hasResidentKey": True,
+                "hasUserVerification": True,
+                "isUserVerified": True,
+                "automaticPresenceSimulation": True,
+            }
+        },
+    )
+    # Kept on the page: the session must live as long as the authenticator is used.
+    page._virtual_authenticator_cdp = cdp
+    return added["authenticatorId"]
+
+
+def virtual_credentials(page, authenticator_id: str) -> list[dict]:
+    """The credentials the virtual authenticator holds (one per passkey registered)."""
+    cdp = page._virtual_authenticator_cdp
+    return cdp.send("WebAuthn.getCredentials", {"authenticatorId": authenticator_id})["credentials"]
+
+
+def confirm_password(page, password: str = PASSWORD) -> None:
+    """Answer allauth's "Confirm Access" page (asked before any change to a person's second
+    factors) with the password, by keyboard."""
+    from playwright.sync_api import expect
+
+    expect(page).to_have_url(re.compile(r"/accounts/reauthenticate/"), timeout=TIMEOUT_MS)
+    page.fill("input[name=password]", password)
+    page.keyboard.press("Enter")

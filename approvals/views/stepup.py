@@ -17,7 +17,7 @@ from django_htmx.http import HttpResponseClientRedirect
 from approvals.decisions import stepup
 from approvals.decisions.errors import StepUpRequiredError
 from approvals.models import Membership, Ticket
-from approvals.views import factors
+from approvals.views import freshness
 from approvals.views.access import HtmxHttpRequest
 
 # request.session[PENDING_KEY] = {"<ticket id>": {"message", "always", "flags_seen", "digest",
@@ -73,7 +73,7 @@ def ask_for_factor(
 ) -> HttpResponse | None:
     """Hold the approval and send the person to prove a second factor; None when they have
     none to prove (the page then says how to set one up)."""
-    url = factors.reauthenticate_url(request.user, completion_url(ticket))
+    url = freshness.reauthenticate_url(request.user, completion_url(ticket))
     if url is None:
         return None
     hold(request, ticket, data, minutes=error.minutes)
@@ -91,12 +91,12 @@ def notice(request: HttpRequest, ticket: Ticket, policy, membership: Membership)
     minutes = stepup.needs_step_up(ticket, policy) if ticket.is_pending else None
     if minutes is None or not membership.can_decide:
         return {"step_up_minutes": None}
-    factor = factors.last_factor(request)
+    factor = freshness.last_factor(request)
     now = timezone.now()
     fresh = factor is not None and stepup.is_fresh(factor.at, minutes, now=now)
     return {
         "step_up_minutes": minutes,
         "step_up_ago": int((now - factor.at).total_seconds() // 60) if fresh and factor else None,
-        "step_up_has_factor": bool(factors.factor_types(request.user)),
-        "step_up_setup_url": reverse(factors.SET_UP_URL_NAME),
+        "step_up_has_factor": bool(freshness.factor_types(request.user)),
+        "step_up_setup_url": reverse(freshness.SET_UP_URL_NAME),
     }

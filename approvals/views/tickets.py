@@ -30,7 +30,7 @@ from approvals.models import (
     Ticket,
 )
 from approvals.policies import quorum, scopes
-from approvals.views import access, errors, factors, keys
+from approvals.views import access, errors, freshness, keys
 from approvals.views import stepup as step_up
 from approvals.views.access import HtmxHttpRequest
 
@@ -229,7 +229,7 @@ def ticket_decide(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     if not form.is_valid():
         problem, status = " ".join(m for errors in form.errors.values() for m in errors), 400
     else:
-        factor = factors.last_factor(request)
+        factor = freshness.last_factor(request)
         try:
             # Every rule is the service's: roles, self-approval, the digest gate, the quorum,
             # the second factor a risky approval needs.
@@ -295,8 +295,8 @@ def ticket_step_up(request: HtmxHttpRequest, pk: int) -> HttpResponse:
             "its time passed): approve it again from this page.",
         )
         return redirect(ticket_url)
-    factor = factors.last_factor(request)
-    again = factors.reauthenticate_url(request.user, step_up.completion_url(ticket))
+    factor = freshness.last_factor(request)
+    again = freshness.reauthenticate_url(request.user, step_up.completion_url(ticket))
     if again is None:
         # Their second factor was removed meanwhile: the ticket page says what to do.
         step_up.release(request, ticket)

@@ -6,7 +6,9 @@ from __future__ import annotations
 import base64
 
 from allauth.account.adapter import DefaultAccountAdapter
+from allauth.account.internal.flows import reauthentication
 from allauth.account.internal.flows.login import AUTHENTICATION_METHODS_SESSION_KEY
+from allauth.core import context
 from allauth.core.exceptions import ImmediateHttpResponse
 from allauth.mfa.adapter import DefaultMFAAdapter
 from allauth.socialaccount.adapter import DefaultSocialAccountAdapter
@@ -45,6 +47,21 @@ class AccountAdapter(DefaultAccountAdapter):
             messages.error(request, refusal)
             return redirect("login")
         return super().pre_login(request, user, **kwargs)
+
+    def is_reauthentication_required(self, *, app: str, **kwargs) -> bool:
+        """A person who signs in only through single sign-on has no password to type again and,
+        before their first second factor, nothing else allauth could ask for: their provider's
+        sign-in within the re-authentication window (ACCOUNT_REAUTHENTICATION_TIMEOUT) is the
+        proof, and after it they sign in through the provider again (the page says so)."""
+        if not super().is_reauthentication_required(app=app, **kwargs):
+            return False
+        request = context.request
+        user = getattr(request, "user", None)
+        if request is None or user is None or not user.is_authenticated:
+            return True
+        if reauthentication.get_reauthentication_flows(user):
+            return True
+        return not sso.signed_in_recently(request, user)
 
     def logout(self, request) -> None:
         # allauth signs a person out only through here (the sign-out button, a password change):

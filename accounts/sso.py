@@ -25,8 +25,10 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from dataclasses import dataclass
 
+from allauth.account.authentication import get_authentication_records
 from allauth.account.internal.flows.login import AUTHENTICATION_METHODS_SESSION_KEY
 from allauth.account.models import EmailAddress
 from django.conf import settings
@@ -233,6 +235,14 @@ class SignedIn:
     added: list[str]
     changed: list[str]
     removed: list[str]
+
+
+def signed_in_recently(request, user) -> bool:
+    """The session signed in (or again) through a provider within the re-authentication window
+    (ACCOUNT_REAUTHENTICATION_TIMEOUT seconds)."""
+    records = get_authentication_records(request, user)
+    last = max((r.get("at", 0) for r in records if r.get("method") == "socialaccount"), default=0)
+    return time.time() - last < settings.ACCOUNT_REAUTHENTICATION_TIMEOUT
 
 
 def signed_in(request, *, user, provider_id: str, extra_data: dict) -> SignedIn:

@@ -4,6 +4,7 @@ with the same sentence, and pass once the person has a second factor; viewers ar
 from __future__ import annotations
 
 import pytest
+from allauth.mfa.models import Authenticator
 from allauth.mfa.recovery_codes.internal.auth import RecoveryCodes
 from django.urls import reverse
 
@@ -187,3 +188,47 @@ def test_api_decision_is_403_with_the_reason_then_passes_with_totp(client, tenan
     assert refused.json() == {"detail": REASON, "code": "two_factor_required"}
     assert passed.status_code == 200
     assert passed.json()["status"] == "approved"
+
+
+# --- what a person's page shows of their second factors -------------------------------------
+
+
+def _passkey(user, name: str) -> Authenticator:
+    return Authenticator.objects.create(
+        user=user,
+        type=Authenticator.Type.WEBAUTHN,
+        data={"name": name, "credential": {}, "passwordless": True},
+    )
+
+
+def test_factors_of_a_person_with_none_is_all_off(tenant):
+    nobody = member(tenant, Role.APPROVER, username="nobody")
+
+    assert factors.factors_of(nobody) == factors.Factors(
+        totp=False, passkeys=0, recovery_codes_left=None
+    )
+    assert factors.factors_of(nobody).enabled is False
+
+
+def test_factors_of_counts_each_kind_and_the_unused_recovery_codes(tenant):
+    both = member(tenant, Role.APPROVER, username="both")
+    _, codes = give_totp(both)
+    _passkey(both, "laptop")
+    _passkey(both, "phone")
+    RecoveryCodes(Authenticator.objects.get(user=both, type="recovery_codes")).validate_code(
+        codes[0]
+    )
+
+    assert factors.factors_of(both) == factors.Factors(
+        totp=True, passkeys=2, recovery_codes_left=len(codes) - 1
+    )
+
+
+def test_factors_of_passkeys_alone_are_enabled_without_an_app(tenant):
+    keys_only = member(tenant, Role.APPROVER, username="keys-only")
+    _passkey(keys_only, "laptop")
+
+    found = factors.factors_of(keys_only)
+
+    assert (found.totp, found.passkeys, found.recovery_codes_left) == (False, 1, None)
+    assert found.enabled is True

@@ -12,7 +12,8 @@ from approvals.decisions import stepup
 from approvals.decisions.batch import decide_batch
 from approvals.decisions.decide import decide
 from approvals.decisions.errors import StepUpRequiredError
-from approvals.models import AuditEvent, Role, Ticket, TicketStatus, TicketVote
+from approvals.models import ApprovalPolicy, AuditEvent, Role, Ticket, TicketStatus, TicketVote
+from approvals.policies import rules
 from approvals.policies.versions import PolicyError, save_policy
 from tests.support import TenantFactory, member, paused_call
 
@@ -262,3 +263,37 @@ def test_each_vote_of_a_quorum_needs_its_own_fresh_factor(world):
     approved = AuditEvent.objects.get(action="ticket.approved")
     assert approved.detail["step_up"]["type"] == "totp"
     assert AuditEvent.objects.filter(action="auth.step_up").count() == 2
+
+
+# --- the sentences the pages show, and the window's edges ---------------------------------
+
+
+def test_describe_of_a_policy_without_step_up_is_empty():
+    off = ApprovalPolicy(step_up_minutes=None)
+
+    assert stepup.describe(off) == ""
+    # The ticket is not even read when the policy has no step-up.
+    assert stepup.describe_for(None, off) == ""
+
+
+def test_describe_joins_the_conditions_with_or():
+    conditions = [
+        {"argument": "environment", "op": "eq", "value": "production"},
+        {"argument": "region", "op": "eq", "value": "eu"},
+    ]
+    policy = ApprovalPolicy(step_up_minutes=1, step_up_rules=conditions)
+
+    first, second = (rules.describe_condition(c) for c in conditions)
+    assert stepup.describe(policy) == (
+        f"An approval needs a second factor confirmed within 1 minute when {first} or {second}."
+    )
+
+
+def test_is_fresh_holds_at_both_edges_of_the_window_and_not_beyond():
+    now = timezone.now()
+
+    assert stepup.is_fresh(now, 10, now=now)
+    assert stepup.is_fresh(now - timedelta(minutes=10), 10, now=now)
+    assert not stepup.is_fresh(now - timedelta(minutes=10, microseconds=1), 10, now=now)
+    assert not stepup.is_fresh(now + timedelta(microseconds=1), 10, now=now)
+    assert not stepup.is_fresh(None, 10, now=now)

@@ -6,6 +6,9 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
+from tests.conftest import database_url
 from tests.security.test_deploy_settings import ROOT, production_env, python
 
 OKTA = {
@@ -28,6 +31,8 @@ def test_deploy_check_is_clean_with_a_provider():
     assert (result.returncode, result.stderr) == (0, "")
 
 
+# The sign-in page reads allauth's provider apps: the subprocess uses the test database.
+@pytest.mark.django_db(transaction=True)
 def test_the_login_pages_csp_allows_the_providers_origin_only():
     code = (
         "import django; django.setup()\n"
@@ -36,7 +41,7 @@ def test_the_login_pages_csp_allows_the_providers_origin_only():
         "r = c.get('/login/', secure=True)\n"
         "print(r['Content-Security-Policy'])\n"
     )
-    result = python(code, production_env(**OKTA))
+    result = python(code, production_env(DATABASE_URL=database_url(), **OKTA))
     assert result.returncode == 0, result.stderr
     directives = result.stdout.strip().split("; ")
     assert "form-action 'self' https://acme.okta.com" in directives

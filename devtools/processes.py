@@ -246,7 +246,7 @@ class ConsoleClient:
 
     def login(self, username: str, password: str) -> None:
         page = self.get("/login/")
-        answer = self.post("/login/", {"username": username, "password": password})
+        answer = self.post("/login/", {"login": username, "password": password})
         if page.status != 200 or answer.status != 302 or "sessionid" not in self.cookies:
             raise RuntimeError(
                 f"sign-in of {username} at {self.base_url}: the form answered {page.status}, "

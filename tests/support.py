@@ -254,8 +254,8 @@ CHROME_ON_LINUX = (
 )
 
 
-# allauth limits sign-ins per address (30 a minute, in the cache that outlives a test): each
-# client signs in from an address of its own unless the test names one.
+# allauth limits sign-ins per address (APPROVALS_SIGN_IN_RATE, in the cache that outlives a
+# test): each client signs in from an address of its own unless the test names one.
 _client_addresses = itertools.count(1)
 
 

@@ -107,7 +107,6 @@ def test_connection_cut_mid_decision_answers_503_changes_nothing_and_the_retry_w
     tenant, requester, approver = _people()
     run = paused_run(tenant, requested_by=requester)
     ticket = Ticket.objects.get(run=run)
-    events_before = AuditEvent.objects.filter(tenant=tenant).count()
     victim = "victim-web"
     base_url, server = start_console(
         processes,
@@ -116,6 +115,8 @@ def test_connection_cut_mid_decision_answers_503_changes_nothing_and_the_retry_w
     client = ConsoleClient(base_url)
     client.login(approver.username, PASSWORD)
     assert client.get(f"/tickets/{ticket.pk}/").status == 200
+    # After the sign-in (audited): the cut decision must add nothing.
+    events_before = AuditEvent.objects.filter(tenant=tenant).count()
 
     answer: dict = {}
     decider = threading.Thread(target=lambda: answer.update(r=client.decide(ticket.pk)))

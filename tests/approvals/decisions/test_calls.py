@@ -279,6 +279,20 @@ def test_a_ticket_whose_tool_differs_from_the_state_is_not_approvable(tenant, ap
         decide(ticket, user=approver, approve=True)
 
 
+def test_a_ticket_that_is_not_approvable_can_still_be_rejected(tenant, approver):
+    """The digest gate guards approvals: refusing the call is always possible."""
+    ticket = only_ticket(paused_call(tenant, {"environment": "staging", "release": "1"}))
+    Ticket.objects.filter(pk=ticket.pk).update(tool_name="publish_invoice")
+    ticket.refresh_from_db()
+
+    rejected = decide(ticket, user=approver, approve=False, message="this is not the call")
+
+    assert (rejected.status, rejected.decision_message) == (
+        TicketStatus.REJECTED,
+        "this is not the call",
+    )
+
+
 # --- the conversation -------------------------------------------------------------------------
 
 

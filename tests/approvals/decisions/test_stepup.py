@@ -259,10 +259,39 @@ def test_each_vote_of_a_quorum_needs_its_own_fresh_factor(world):
 
     assert (after_first, second.status) == (TicketStatus.PENDING, TicketStatus.APPROVED)
     vote = AuditEvent.objects.get(action="ticket.vote")
+    assert (vote.actor_id, vote.outcome) == (approver.pk, "pending")
+    assert set(vote.detail) == {"progress", "policy", "step_up"}
+    assert vote.detail["policy"] == ApprovalPolicy.objects.get(tenant=tenant).version
     assert vote.detail["step_up"] == {"type": "webauthn", "at": now.isoformat()}
     approved = AuditEvent.objects.get(action="ticket.approved")
     assert approved.detail["step_up"]["type"] == "totp"
     assert AuditEvent.objects.filter(action="auth.step_up").count() == 2
+
+
+def test_a_fresh_factor_on_a_call_that_needs_none_records_no_step_up(world):
+    tenant, admin, approver = world
+    step_up_policy(tenant, admin)
+    ticket = ticket_for(tenant, STAGING)
+
+    decide(ticket, user=approver, approve=True, factor_at=timezone.now(), factor_type="totp")
+
+    approved = AuditEvent.objects.get(action="ticket.approved", ticket_id=ticket.pk)
+    assert "step_up" not in approved.detail
+    assert AuditEvent.objects.filter(action="auth.step_up").count() == 0
+
+
+def test_a_factor_of_no_named_type_is_recorded_as_a_second_factor(world):
+    tenant, admin, approver = world
+    step_up_policy(tenant, admin)
+    ticket = ticket_for(tenant, PRODUCTION)
+    now = timezone.now()
+
+    decide(ticket, user=approver, approve=True, factor_at=now)
+
+    approved = AuditEvent.objects.get(action="ticket.approved", ticket_id=ticket.pk)
+    assert approved.detail["step_up"] == {"type": "mfa", "at": now.isoformat()}
+    step_up = AuditEvent.objects.get(action="auth.step_up")
+    assert (step_up.actor_id, step_up.detail["type"]) == (approver.pk, "mfa")
 
 
 # --- the sentences the pages show, and the window's edges ---------------------------------

@@ -11,7 +11,6 @@ with a local password then reads each step in the audit history.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 
 import pytest
 from allauth.mfa.models import Authenticator
@@ -19,11 +18,8 @@ from allauth.mfa.models import Authenticator
 from accounts.models import GroupRole
 from approvals.models import AuditEvent, Membership, Role, Ticket, TicketStatus
 from approvals.policies.versions import save_policy
-from devtools.processes import Processes, start_web
 from tests.accounts.oidc_provider import oidc_provider, oidc_server  # noqa: F401
 from tests.browser.conftest import (
-    ARTIFACTS,
-    LiveConsole,
     chromium_skip_reason,
     new_page,
     passkey_page,
@@ -31,7 +27,7 @@ from tests.browser.conftest import (
     virtual_credentials,
 )
 from tests.browser.test_console import _sign_in, expect
-from tests.conftest import subprocess_env
+from tests.browser.test_sso import sso_console  # noqa: F401
 from tests.support import TenantFactory, member, paused_call
 
 pytestmark = [
@@ -41,19 +37,6 @@ pytestmark = [
 ]
 
 MESSAGE = "Go: the change window is open and the canary is green."
-
-
-@pytest.fixture
-def console(request, browser_users, oidc_provider) -> Iterator[LiveConsole]:  # noqa: F811
-    """The ASGI server, signing in through the test provider (APPROVALS_OIDC_*)."""
-    logs = ARTIFACTS / "logs"
-    env = subprocess_env(LOG_LEVEL="INFO", **oidc_provider.env())
-    procs = Processes(logs)
-    try:
-        url, _ = start_web(procs, env, log=logs / f"{request.node.name}-server.log")
-        yield LiveConsole(url, procs.started)
-    finally:
-        procs.stop_all(kill=True)
 
 
 def _approve(page, ticket: Ticket, message: str = "") -> None:
@@ -66,9 +49,10 @@ def _approve(page, ticket: Ticket, message: str = "") -> None:
 
 def test_sso_passkey_and_step_up_for_production_only(
     console_browser,
-    console,
+    sso_console,  # noqa: F811
     oidc_provider,  # noqa: F811
 ):
+    console = sso_console
     tenant = TenantFactory(slug="acme", name="Acme")
     admin = member(tenant, Role.ADMIN, username="ops-admin")
     auditor = member(tenant, Role.AUDITOR, username="audrey")

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import UTC
 from typing import Any
 
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models import Count
 from django.utils import timezone
 
@@ -90,12 +90,9 @@ def append(
     actions.get(action)
     if not connection.in_atomic_block:
         raise RuntimeError("audit.append must run inside a transaction")
-    tenant = Tenant.objects.select_for_update().only("audit_seq", "audit_head").get(pk=tenant_id)
-    now = timezone.now()
     event = AuditEvent(
         tenant_id=tenant_id,
-        seq=tenant.audit_seq + 1,
-        created_at=now,
+        created_at=timezone.now(),
         actor_id=getattr(actor, "pk", None),
         actor_name=actor_name or (actor.get_username() if actor is not None else "system"),
         action=action,
@@ -106,14 +103,115 @@ def append(
         outcome=outcome,
         # Defence in depth: callers pass safe facts, and anything secret-shaped is masked.
         detail=redact(detail or {}),
-        prev_hash=tenant.audit_head or GENESIS,
         hash_key_id=signatures.audit_key_id(),
     )
-    event.hash = event_hash(event)
-    event.save(force_insert=True)
-    Tenant.objects.filter(pk=tenant_id).update(audit_seq=event.seq, audit_head=event.hash)
+    if connection.vendor == "postgresql":
+        _append_linked(event)
+    else:
+        _append_locked(event)
     signals.send_on_commit(signals.audit_event_committed, sender=AuditEvent, event=event)
     return event
+
+
+def _link(event: AuditEvent, seq: int, head: str) -> None:
+    event.seq = seq + 1
+    event.prev_hash = head or GENESIS
+    event.hash = event_hash(event)
+
+
+def _append_locked(event: AuditEvent) -> None:
+    """Lock the tenant row, read its head, insert the event, move the head: three statements."""
+    tenant = (
+        Tenant.objects.select_for_update().only("audit_seq", "audit_head").get(pk=event.tenant_id)
+    )
+    _link(event, tenant.audit_seq, tenant.audit_head)
+    event.save(force_insert=True)
+    Tenant.objects.filter(pk=event.tenant_id).update(audit_seq=event.seq, audit_head=event.hash)
+
+
+# --- PostgreSQL: the event and its head in one statement ---------------------------------------
+#
+# The head moves only from the (seq, hash) the event was linked to, and the event is inserted
+# only if it moved: one statement (a data-modifying CTE) whose UPDATE takes the tenant row's
+# lock and re-checks the head under it. So the link is right whatever the connection guessed;
+# a wrong guess inserts nothing and the event is linked again under an explicit lock.
+#
+# The guess is the head this connection last linked for the tenant, used only while its
+# transaction holds the tenant's row (a decision's vote and approval, a pause's run and ticket
+# events): always right then, one statement per event instead of three. A transaction's first
+# event locks the row first (two statements): in a new transaction another process may have
+# appended since.
+
+
+def _guesses() -> dict[int, tuple[int, str, bool]]:
+    guesses = getattr(connection, "_audit_heads", None)
+    if guesses is None:
+        guesses = connection._audit_heads = {}
+    return guesses
+
+
+def _released(tenant_id: int) -> None:
+    entry = _guesses().get(tenant_id)
+    if entry is not None:
+        _guesses()[tenant_id] = (entry[0], entry[1], False)
+
+
+def _holding(tenant_id: int, seq: int, head: str) -> None:
+    was = _guesses().get(tenant_id)
+    _guesses()[tenant_id] = (seq, head, True)
+    if was is None or not was[2]:
+        # The lock ends with the transaction; a rolled-back one leaves the flag set, which only
+        # costs one refused guess.
+        transaction.on_commit(lambda: _released(tenant_id))
+
+
+_INSERT_SQL: str | None = None
+_INSERT_FIELDS: list = []
+
+
+def _insert_sql() -> str:
+    global _INSERT_SQL
+    if _INSERT_SQL is None:
+        quote = connection.ops.quote_name
+        fields = [f for f in AuditEvent._meta.concrete_fields if not f.primary_key]
+        values = ", ".join(f"%s::{f.db_type(connection)}" for f in fields)
+        _INSERT_FIELDS[:] = fields
+        _INSERT_SQL = (
+            f"WITH moved AS (UPDATE {quote(Tenant._meta.db_table)} "
+            "SET audit_seq = %s, audit_head = %s "
+            "WHERE id = %s AND audit_seq = %s AND audit_head = %s RETURNING id) "
+            f"INSERT INTO {quote(AuditEvent._meta.db_table)} "
+            f"({', '.join(quote(f.column) for f in fields)}) "
+            f"SELECT {values} FROM moved RETURNING id"
+        )
+    return _INSERT_SQL
+
+
+def _try_linked(event: AuditEvent, seq: int, head: str) -> bool:
+    _link(event, seq, head)
+    sql = _insert_sql()
+    values = [f.get_db_prep_save(getattr(event, f.attname), connection) for f in _INSERT_FIELDS]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [event.seq, event.hash, event.tenant_id, seq, head, *values])
+        row = cursor.fetchone()
+    if row is None:
+        return False
+    event.pk = row[0]
+    event._state.adding = False
+    event._state.db = connection.alias
+    _holding(event.tenant_id, event.seq, event.hash)
+    return True
+
+
+def _append_linked(event: AuditEvent) -> None:
+    guess = _guesses().get(event.tenant_id)
+    if guess is not None and guess[2] and _try_linked(event, guess[0], guess[1]):
+        return
+    tenant = (
+        Tenant.objects.select_for_update().only("audit_seq", "audit_head").get(pk=event.tenant_id)
+    )
+    if not _try_linked(event, tenant.audit_seq, tenant.audit_head):
+        raise RuntimeError(f"tenant {event.tenant_id}'s audit head moved under its row lock")
 
 
 def append_for_ticket(

@@ -24,7 +24,8 @@ the move, in the same transaction.
 
 from __future__ import annotations
 
-from django.db.models import QuerySet
+from django.db import connections
+from django.db.models import QuerySet, sql
 from django.utils import timezone
 
 from approvals.models import Run, RunStatus, Ticket, TicketStatus
@@ -100,6 +101,45 @@ def move_runs(runs: QuerySet[Run], *, to: str, **fields) -> int:
     """
     fields.setdefault("updated_at", timezone.now())
     return runs.filter(status__in=_sources(RUN_TRANSITIONS, to)).update(status=to, **fields)
+
+
+def move_run_returning(runs: QuerySet[Run], *, to: str, **fields) -> Run | None:
+    """move_runs() for at most one run, returning its row as the move left it, or None when it
+    did not move: one UPDATE ... RETURNING instead of an UPDATE and a read (a worker's claim).
+
+    Raises TransitionError as move_runs() does.
+    """
+    fields.setdefault("updated_at", timezone.now())
+    moving = runs.filter(status__in=_sources(RUN_TRANSITIONS, to))
+    query = moving.query.chain(sql.UpdateQuery)
+    query.add_update_values({"status": to, **fields})
+    compiler = query.get_compiler(moving.db)
+    compiler.pre_sql_setup()
+    update_sql, params = compiler.as_sql()
+    columns = list(Run._meta.concrete_fields)
+    quote = connections[moving.db].ops.quote_name
+    returning = ", ".join(quote(field.column) for field in columns)
+    with connections[moving.db].cursor() as cursor:
+        cursor.execute(f"{update_sql} RETURNING {returning}", params)
+        rows = cursor.fetchall()
+    if not rows:
+        return None
+    if len(rows) > 1:
+        raise TransitionError(f"{len(rows)} runs moved to '{to}' where one was meant to")
+    values = [
+        _from_db(field, value, connections[moving.db])
+        for field, value in zip(columns, rows[0], strict=True)
+    ]
+    return Run.from_db(moving.db, [field.attname for field in columns], values)
+
+
+def _from_db(field, value, connection):
+    """A column's value as the ORM would have read it (the backend's and the field's
+    converters: SQLite's datetimes and booleans, JSON)."""
+    column = field.get_col(Run._meta.db_table)
+    for converter in connection.ops.get_db_converters(column) + field.get_db_converters(connection):
+        value = converter(value, column, connection)
+    return value
 
 
 def move_tickets(tickets: QuerySet[Ticket], *, to: str, **fields) -> int:

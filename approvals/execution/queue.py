@@ -59,9 +59,8 @@ def _work(name: str, run_id: int) -> str:
     own line only says the task ran, SUCCESSFUL even for a run that failed)."""
     if name not in _served:
         raise RuntimeError(f"no {name} is served: the approvals app is not ready")
-    generation = Run.objects.filter(pk=run_id).values_list("state_generation", flat=True).first()
     outcome = _served[name](run_id=run_id)
-    _log_resumed(outcome, generation)
+    _log_resumed(outcome)
     return outcome.status
 
 
@@ -88,14 +87,31 @@ def _wake() -> None:
             cursor.execute(f"NOTIFY {WAKE_CHANNEL}")
 
 
-def _log_resumed(resumed: Resumed, generation: int | None) -> None:
-    """One line: the run, the decisions it was resumed with, its status and why, its effects."""
-    decisions = [
-        f"{tool} {status}" + (f" by {by}" if by else "")
-        for tool, status, by in Ticket.objects.filter(run_id=resumed.run_id, generation=generation)
-        .order_by("pk")
-        .values_list("tool_name", "status", "decided_by__username")
+def decision_words(tickets) -> list[str]:
+    """The decisions a resume ran with, as its log line says them: "tool status by user"."""
+    return [
+        f"{t.tool_name} {t.status}" + (f" by {t.decided_by.get_username()}" if t.decided_by else "")
+        for t in tickets
     ]
+
+
+def _log_resumed(resumed: Resumed) -> None:
+    """One line: the run, the decisions it was resumed with, its status and why, its effects.
+
+    A resume that claimed the run says which decisions it ran with; otherwise (a second
+    delivery, a start) they are read from the run's current tickets.
+    """
+    decisions = getattr(resumed, "decisions", None)
+    if decisions is None:
+        decisions = [
+            f"{tool} {status}" + (f" by {by}" if by else "")
+            for tool, status, by in Ticket.objects.filter(
+                run_id=resumed.run_id,
+                generation=Run.objects.filter(pk=resumed.run_id).values("state_generation")[:1],
+            )
+            .order_by("pk")
+            .values_list("tool_name", "status", "decided_by__username")
+        ]
     line = (
         f"run {resumed.run_id}: {resumed.status}"
         + (f" ({'; '.join(decisions)})" if decisions else "")

@@ -15,6 +15,8 @@ import json
 import logging
 import os
 import socket
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -67,6 +69,8 @@ class WorkOutcome:
     status: str
     reason: str = ""
     effects: list[int] = field(default_factory=list)
+    # The decisions the attempt ran with, as the worker's log line says them (None: not known).
+    decisions: list[str] | None = None
 
 
 def claim(run_id: int, worker_id: str, work: Work) -> Run | None:
@@ -82,7 +86,7 @@ def claim(run_id: int, worker_id: str, work: Work) -> Run | None:
     if work.waiting == work.holding:
         waiting &= Q(lease_owner="")
     with transaction.atomic():
-        claimed = transitions.move_runs(
+        run = transitions.move_run_returning(
             # A caller's run is resumed by its caller, never by a worker.
             Run.objects.filter(pk=run_id, executor=RunExecutor.CONSOLE).filter(
                 waiting | Q(status=work.holding, lease_expires_at__lt=now)
@@ -93,9 +97,8 @@ def claim(run_id: int, worker_id: str, work: Work) -> Run | None:
             attempts=F("attempts") + 1,
             updated_at=now,
         )
-        if not claimed:
+        if run is None:
             return None
-        run = Run.objects.select_related("tenant").get(pk=run_id)
         chain.append(
             tenant_id=run.tenant_id,
             action=work.action,
@@ -126,6 +129,43 @@ def _extend_lease(run: Run) -> bool:
         return bool(owned(run).update(lease_expires_at=until))
     finally:
         connection.close()
+
+
+class _Loops(threading.local):
+    loop: asyncio.AbstractEventLoop | None = None
+
+
+_loops = _Loops()
+# Threads for the agents' synchronous tools and the lease heartbeat, kept for the process.
+TOOL_THREADS = 8
+
+
+def run_async(coro: Any) -> Any:
+    """Run a coroutine to its end on this thread's own long-lived event loop.
+
+    asyncio.run() would make a new loop and a new pool of tool threads for every resume, and
+    join them at its end. Here the loop and its default executor live as long as the thread
+    (the worker's), so a resume only pays for its own work. As asyncio.run() does, tasks the
+    coroutine left running are cancelled and waited for before this returns, so nothing of one
+    run outlives it. Raises what the coroutine raises; RuntimeError inside a running loop.
+    """
+    loop = _loops.loop
+    if loop is None or loop.is_closed():
+        loop = asyncio.new_event_loop()
+        loop.set_default_executor(
+            ThreadPoolExecutor(max_workers=TOOL_THREADS, thread_name_prefix="agent-tools")
+        )
+        _loops.loop = loop
+    asyncio.set_event_loop(loop)
+    try:
+        return loop.run_until_complete(coro)
+    finally:
+        left = [task for task in asyncio.all_tasks(loop) if not task.done()]
+        for task in left:
+            task.cancel()
+        if left:
+            loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
+        asyncio.set_event_loop(None)
 
 
 def safe_reason(error: BaseException) -> str:

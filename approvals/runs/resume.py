@@ -4,7 +4,6 @@ checks it, runs the agent with the decisions applied, and stores the outcome.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from agents import RunState
@@ -12,7 +11,7 @@ from agents import RunState
 from approvals.core import crypto
 from approvals.core.canonical import arguments_digest
 from approvals.decisions.tickets import PendingCall
-from approvals.execution import ledger, registry, state
+from approvals.execution import ledger, queue, registry, state
 from approvals.models import (
     Run,
     Ticket,
@@ -115,6 +114,12 @@ def resume(*, run_id: int, worker_id: str | None = None) -> ResumeOutcome:
         attempt=f"{worker_id}#{run.attempts}",
         tickets_by_call_id={t.tool_call_id: t.pk for t in tickets},
     )
+    outcome = _attempt(run, tickets, scope)
+    outcome.decisions = queue.decision_words(tickets)
+    return outcome
+
+
+def _attempt(run: Run, tickets: list[Ticket], scope: ledger.ResumeScope) -> ResumeOutcome:
     try:
         checks.check_before_resume(run, tickets)
         try:
@@ -127,7 +132,7 @@ def resume(*, run_id: int, worker_id: str | None = None) -> ResumeOutcome:
             raise checks.Refusal("the stored state does not match its run record; nothing was run")
         spec = registry.get_spec(run.agent_key, run.agent_version)
         with ledger.resume_scope(scope):
-            result = asyncio.run(_resume_async(run, tickets, state_json))
+            result = lease.run_async(_resume_async(run, tickets, state_json))
     except Exception as error:
         return lease.stopped(run, scope, error)
     return lease.settled(

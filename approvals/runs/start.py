@@ -25,7 +25,6 @@ APPROVALS_MAX_ATTEMPTS the run fails instead.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -277,7 +276,7 @@ def start(*, run_id: int, worker_id: str | None = None) -> lease.WorkOutcome:
         run_input, context = _open_request(run, spec)
         agent = spec.build()
         with ledger.resume_scope(scope):
-            result = asyncio.run(lease.run_agent(run, agent, run_input, context=context))
+            result = lease.run_async(lease.run_agent(run, agent, run_input, context=context))
     except Exception as error:
         return lease.stopped(run, scope, error)
     return lease.settled(

@@ -14,6 +14,7 @@ from approvals.models import (
     RunStatus,
     Ticket,
     TicketStatus,
+    TicketVote,
 )
 from approvals.policies import quorum, scopes
 
@@ -67,46 +68,69 @@ def check_before_resume(run: Run, tickets: list[Ticket]) -> None:
                 f"{deadline:%Y-%m-%d %H:%M:%S} UTC before the run could resume",
                 RunStatus.EXPIRED,
             )
-        if ticket.status == TicketStatus.APPROVED and ticket.decision_source != "rule":
-            approver = ticket.decided_by
-            membership = members.membership_for(approver, run.tenant_id) if approver else None
-            if membership is None or not membership.can_decide:
-                who = approver.get_username() if approver else "a deleted user"
-                raise Refusal(
-                    f"{REGENERATE}: {who}, who approved ticket {ticket.pk}, may no longer approve"
-                )
-            if ticket.is_requested_by(approver):
-                raise Refusal(f"{REGENERATE}: ticket {ticket.pk} was approved by its requester")
-            # Every vote of a quorum counts, so each voter must still hold, not only the last.
-            votes = list(ticket.votes.filter(invalidated_at__isnull=True).select_related("user"))
-            for vote in votes:
-                voter = members.membership_for(vote.user, run.tenant_id)
-                if voter is None or not voter.can_decide or ticket.is_requested_by(vote.user):
-                    raise Refusal(
-                        f"{REGENERATE}: {vote.user.get_username()}, whose approval counted for "
-                        f"ticket {ticket.pk}, may no longer approve"
-                    )
-            # Group membership counts as it is now, not as it was at the vote: someone taken
-            # out of a group since no longer speaks for it.
-            policy = scopes.policy_of(ticket)
-            if policy.group_rules or policy.allowed_groups or policy.escalation_group:
-                for vote in votes:
-                    now_in = quorum.groups_of(vote.user, run.tenant_id)
-                    vote.groups = [g for g in vote.groups if g in now_in]
-                    why = quorum.vote_refusal(vote, now_in, ticket, policy)
-                    if why:
-                        raise Refusal(
-                            f"{REGENERATE}: {vote.user.get_username()}, whose approval counted "
-                            f"for ticket {ticket.pk}, may no longer approve it: {why}"
-                        )
-            # And the quorum itself: a voter whose account was deleted took the vote along.
-            if policy.required_approvals > 1 or policy.group_rules:
-                progress = quorum.progress(ticket, policy, votes)
-                if not progress.met:
-                    raise Refusal(
-                        f"{REGENERATE}: ticket {ticket.pk} no longer has the approvals its "
-                        f"policy needs ({progress.describe()})"
-                    )
+    approved = [
+        t for t in tickets if t.status == TicketStatus.APPROVED and t.decision_source != "rule"
+    ]
+    if approved:
+        _check_approvals(run, approved)
     blocker = registry.resume_blocker(run)
     if blocker:
         raise Refusal(f"{REGENERATE}: {blocker}")
+
+
+def _check_approvals(run: Run, approved: list[Ticket]) -> None:
+    """Each approval still stands: its approver and every voter whose approval counted may still
+    approve (membership and groups as they are now), none of them requested the call, and the
+    quorum is still met. Two queries for all the tickets: their votes, and the memberships of
+    everyone who decided or voted."""
+    votes_of: dict[int, list[TicketVote]] = {t.pk: [] for t in approved}
+    for vote in (
+        TicketVote.objects.filter(ticket__in=approved, invalidated_at__isnull=True)
+        .select_related("user")
+        .order_by("pk")
+    ):
+        votes_of[vote.ticket_id].append(vote)
+    people = [t.decided_by for t in approved if t.decided_by] + [
+        vote.user for votes in votes_of.values() for vote in votes
+    ]
+    memberships = members.memberships_in(people, run.tenant_id)
+    for ticket in approved:
+        approver = ticket.decided_by
+        membership = memberships.get(approver.pk) if approver else None
+        if membership is None or not membership.can_decide:
+            who = approver.get_username() if approver else "a deleted user"
+            raise Refusal(
+                f"{REGENERATE}: {who}, who approved ticket {ticket.pk}, may no longer approve"
+            )
+        if ticket.is_requested_by(approver):
+            raise Refusal(f"{REGENERATE}: ticket {ticket.pk} was approved by its requester")
+        # Every vote of a quorum counts, so each voter must still hold, not only the last.
+        votes = votes_of[ticket.pk]
+        for vote in votes:
+            voter = memberships.get(vote.user_id)
+            if voter is None or not voter.can_decide or ticket.is_requested_by(vote.user):
+                raise Refusal(
+                    f"{REGENERATE}: {vote.user.get_username()}, whose approval counted for "
+                    f"ticket {ticket.pk}, may no longer approve"
+                )
+        # Group membership counts as it is now, not as it was at the vote: someone taken
+        # out of a group since no longer speaks for it.
+        policy = scopes.policy_of(ticket)
+        if policy.group_rules or policy.allowed_groups or policy.escalation_group:
+            for vote in votes:
+                now_in = quorum.groups_of(vote.user, run.tenant_id)
+                vote.groups = [g for g in vote.groups if g in now_in]
+                why = quorum.vote_refusal(vote, now_in, ticket, policy)
+                if why:
+                    raise Refusal(
+                        f"{REGENERATE}: {vote.user.get_username()}, whose approval counted "
+                        f"for ticket {ticket.pk}, may no longer approve it: {why}"
+                    )
+        # And the quorum itself: a voter whose account was deleted took the vote along.
+        if policy.required_approvals > 1 or policy.group_rules:
+            progress = quorum.progress(ticket, policy, votes)
+            if not progress.met:
+                raise Refusal(
+                    f"{REGENERATE}: ticket {ticket.pk} no longer has the approvals its "
+                    f"policy needs ({progress.describe()})"
+                )

@@ -72,6 +72,18 @@ def _in_doubt(scope: ResumeScope, reason: str) -> EffectInDoubt:
     return EffectInDoubt(reason)
 
 
+def _claim(record: IdempotencyRecord) -> IdempotencyRecord:
+    """Insert the claim so that it is committed before the effect: one INSERT, which commits on
+    its own in the tool's thread (autocommit); inside a caller's transaction, in a savepoint so
+    that a duplicate key leaves the transaction usable."""
+    if connection.in_atomic_block:
+        with transaction.atomic():
+            record.save(force_insert=True)
+    else:
+        record.save(force_insert=True)
+    return record
+
+
 def perform(
     tool_call_id: str | None, *, operation: str, resource: str, effect: Callable[[], str]
 ) -> str:
@@ -94,8 +106,8 @@ def perform(
     )
     try:
         try:
-            with transaction.atomic():
-                record = IdempotencyRecord.objects.create(
+            record = _claim(
+                IdempotencyRecord(
                     tenant_id=scope.tenant_id,
                     key=key,
                     run_id=scope.run_id,
@@ -105,6 +117,7 @@ def perform(
                     status=LedgerStatus.CLAIMED,
                     claimed_by=scope.attempt,
                 )
+            )
         except IntegrityError:
             existing = IdempotencyRecord.objects.get(key=key)
             if existing.status == LedgerStatus.DONE:

@@ -172,10 +172,9 @@ def store_first_pause(
     )
     if not moved:
         return False
-    run.refresh_from_db(
-        fields=["status", "status_reason", "lease_owner", "lease_expires_at", "updated_at"]
-    )
-    run.schema_version = schema_version
+    # What the move wrote, without reading it back.
+    run.status, run.status_reason, run.schema_version = RunStatus.PAUSED, "", schema_version
+    run.lease_owner, run.lease_expires_at, run.updated_at = "", None, now
     chain.append(
         tenant_id=run.tenant_id,
         action="run.paused",
@@ -228,10 +227,11 @@ def store_next_pause(
         lease_expires_at=None,
         updated_at=now,
     )
-    # The tickets opened below read the run as it is now.
-    run.refresh_from_db(
-        fields=["status", "status_reason", "lease_owner", "updated_at", "schema_version"]
-    )
+    # The tickets opened below read the run as it is now: what the move wrote.
+    run.status, run.status_reason, run.updated_at = RunStatus.PAUSED, "", now
+    run.lease_owner, run.lease_expires_at = "", None
+    if schema_version is not None:
+        run.schema_version = schema_version
     faults.point("while_storing_pause")
     chain.append(
         tenant_id=run.tenant_id,

@@ -19,7 +19,7 @@ from approvals.core.canonical import arguments_digest, canonical_arguments
 from approvals.execution import registry
 from approvals.execution.queue import WAKE_CHANNEL, resume_run_task
 from approvals.execution.state import open_state, seal_state
-from approvals.models import AuditEvent, Run, RunStatus, Tenant, Ticket, TicketStatus
+from approvals.models import AuditEvent, Run, RunStatus, Tenant, Ticket, TicketStatus, TicketVote
 from approvals.runs.pause import pause_run
 from devtools import demo
 from devtools.processes import Proc
@@ -141,6 +141,11 @@ def approve_in_bulk(clones: list[Clone], approver, *, enqueue: bool = True) -> N
     with transaction.atomic():
         Ticket.objects.filter(pk__in=[c.ticket_id for c in clones]).update(
             status=TicketStatus.APPROVED, decided_by=approver, decided_at=now
+        )
+        # An approval is a vote, as decide() records it, and the resume checks it again.
+        TicketVote.objects.bulk_create(
+            TicketVote(ticket_id=c.ticket_id, user=approver, created_at=now, groups=[])
+            for c in clones
         )
         Run.objects.filter(pk__in=[c.run_id for c in clones]).update(
             status=RunStatus.QUEUED, updated_at=now

@@ -20,9 +20,10 @@ from django.db import connection
 from django.test import Client
 
 from approvals.models import AuditEvent, Membership, Role, Run, RunStatus, Tenant
+from approvals.runs.pause import pause_run
 from approvals.runs.resume import resume
 from devtools import processes
-from devtools.bench import api_submit, database, pages, sdk, stats
+from devtools.bench import api_submit, database, pages, queries, sdk, silent, stats
 from devtools.bench import clones as cloning
 from devtools.bench import report as bench_report
 from devtools.processes import ConsoleClient
@@ -37,7 +38,13 @@ TARGETS = {
     "page_p95_ms": 30,
     "page_queries": 8,
     "queue_vs_admin_ratio": 0.5,
-    "pause_vs_to_json_ratio": 1.5,
+    "approve_vs_bare_sdk_ratio": 4,
+    "pause_vs_to_json_ratio_10_turns": 3,
+    "pause_vs_to_json_ratio_100_turns": 2,
+    "resume_queries": 6,
+    "pause_queries": 8,
+    "api_submit_vs_pause_run_ratio": 2,
+    "api_submit_per_s": 100,
     "blob_vs_json_ratio": 0.3,
     "worker_rss_growth_pct": 10,
 }
@@ -129,6 +136,7 @@ class Command(BaseCommand):
             "mem_b": n_mem - 500,
             "death": 300,
             "profile": 150,
+            "queries": 25,
         }
         groups: dict[str, list[cloning.Clone]] = {}
         t0 = time.monotonic()
@@ -162,9 +170,22 @@ class Command(BaseCommand):
             report["profile_resume_statuses"] = cloning.statuses([c.run_id for c in chunk])
             self.say("resume path profiled")
 
-        # 1 + 2. approve to completed over HTTP: 2 web processes, 2 workers, Redis channel layer
+        # Statements per resume (the worker's thread and its tools') and per pause.
+        report.update(self.statements(groups["queries"], tenant, requester, approver))
+
+        # 1 + 2. approve to completed over HTTP: 2 web processes, 2 workers, Redis channel layer,
+        # and a webhook receiver subscribed to every event that never answers.
+        receiver = silent.SilentReceiver()
+        receiver.subscribe(tenant, approver)
         webs = self.start_webs(procs)
         report.update(self.approve_over_http(procs, webs, groups["http"], approver))
+        report["http_webhook_receiver"] = {
+            "answers": "never",
+            "connections_held": receiver.connections,
+        }
+        # The later parts measure resumes alone: the endpoint goes, with what it had pending.
+        receiver.unsubscribe(tenant)
+        receiver.close()
 
         # 8. the API: a caller hands over its pause to the same 2 web processes.
         report.update(self.api_submit(webs, tenant, requester, options))
@@ -181,13 +202,54 @@ class Command(BaseCommand):
         report.update(self.pages(options, out_dir))
         return report
 
+    # --- statements per resume and per pause -------------------------------------------------
+
+    def statements(self, clones, tenant, requester, approver) -> dict[str, Any]:
+        cloning.approve_in_bulk(clones, approver, enqueue=False)
+        warm, timed = clones[:5], clones[5:]
+        for clone in warm:
+            resume(run_id=clone.run_id, worker_id="statements")
+        resumes = queries.per_call(
+            [lambda c=c: resume(run_id=c.run_id, worker_id="statements") for c in timed]
+        )
+        paused = sdk.multi_turn_result(1)
+
+        def pause():
+            pause_run(
+                paused,
+                tenant=tenant,
+                agent_key="release",
+                agent_version="1",
+                requested_by=requester,
+            )
+
+        for _ in range(3):
+            pause()
+        pauses = queries.per_call([pause] * 20)
+        self.say(
+            f"statements: {resumes['statements']} per resume, {pauses['statements']} per pause"
+        )
+        return {
+            "resume_queries": resumes["statements"],
+            "pause_queries": pauses["statements"],
+            "queries_detail": {
+                "resume": resumes,
+                "resume_statuses": cloning.statuses([c.run_id for c in timed]),
+                "pause": pauses,
+            },
+        }
+
     # --- 1 + 2 --------------------------------------------------------------------------------
 
     def web_env(self) -> dict[str, str]:
         redis_url = settings.REDIS_URL or ""
         # The API phase sends hundreds of requests a minute with one token: not the rate limit's
         # figure, so it stays out of the way.
-        extra = {"APPROVALS_API_RATE_PER_MINUTE": "1000000"}
+        extra = {
+            "APPROVALS_API_RATE_PER_MINUTE": "1000000",
+            # The silent webhook receiver of the approve-to-completed part is on loopback.
+            "NOTIFICATIONS_ALLOW_PRIVATE_WEBHOOKS": "1",
+        }
         return database.subprocess_env(**extra, **({"REDIS_URL": redis_url} if redis_url else {}))
 
     def start_webs(self, procs) -> list[tuple[str, processes.Proc]]:

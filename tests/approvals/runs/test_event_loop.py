@@ -1,0 +1,62 @@
+"""The worker runs each agent on its thread's long-lived event loop (runs.lease.run_async)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from approvals.runs import lease
+
+
+def test_the_loop_and_its_tool_threads_outlive_one_run():
+    async def where() -> tuple[int, str]:
+        loop = asyncio.get_running_loop()
+        name = await asyncio.to_thread(lambda: threading.current_thread().name)
+        return id(loop), name
+
+    first, second = lease.run_async(where()), lease.run_async(where())
+
+    assert first[0] == second[0]
+    assert first[1].startswith("agent-tools") and second[1].startswith("agent-tools")
+
+
+def test_what_a_run_left_running_is_cancelled_before_it_returns():
+    left: list[asyncio.Task] = []
+
+    async def leaves_a_task() -> str:
+        left.append(asyncio.create_task(asyncio.sleep(3600)))
+        return "done"
+
+    assert lease.run_async(leaves_a_task()) == "done"
+    assert left[0].cancelled()
+    # No loop stays set on the thread between runs.
+    with pytest.raises(RuntimeError):
+        asyncio.get_running_loop()
+
+
+def test_an_error_of_the_run_reaches_the_caller_and_the_loop_stays_usable():
+    async def fails():
+        raise ValueError("the agent broke")
+
+    with pytest.raises(ValueError, match="the agent broke"):
+        lease.run_async(fails())
+
+    async def works() -> int:
+        return 42
+
+    assert lease.run_async(works()) == 42
+
+
+def test_each_thread_has_its_own_loop():
+    async def loop_id() -> int:
+        return id(asyncio.get_running_loop())
+
+    here = lease.run_async(loop_id())
+    there: list[int] = []
+    thread = threading.Thread(target=lambda: there.append(lease.run_async(loop_id())))
+    thread.start()
+    thread.join()
+
+    assert there and there[0] != here

@@ -5,10 +5,17 @@ from __future__ import annotations
 from approvals.models import Membership
 
 
-def membership_for(user, tenant_id: int) -> Membership | None:
-    """The user's membership of the tenant, or None for anonymous, inactive or outside users."""
+def membership_for(user, tenant_id: int, *, known: Membership | None = None) -> Membership | None:
+    """The user's membership of the tenant, or None for anonymous, inactive or outside users.
+
+    known: the membership the caller already read in this request (a page reads the user's
+    memberships once); it is taken, without a query, only when it is this user's in this
+    tenant. Anything else is read from the database.
+    """
     if user is None or not user.is_authenticated or not user.is_active:
         return None
+    if known is not None and known.user_id == user.pk and known.tenant_id == tenant_id:
+        return known
     return Membership.objects.filter(user=user, tenant_id=tenant_id).first()
 
 

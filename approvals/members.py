@@ -9,10 +9,17 @@ def _counts(user) -> bool:
     return user is not None and user.is_authenticated and user.is_active
 
 
-def membership_for(user, tenant_id: int) -> Membership | None:
-    """The user's membership of the tenant, or None for anonymous, inactive or outside users."""
+def membership_for(user, tenant_id: int, *, known: Membership | None = None) -> Membership | None:
+    """The user's membership of the tenant, or None for anonymous, inactive or outside users.
+
+    known: the membership the caller already read in this request (a page reads the user's
+    memberships once); it is taken, without a query, only when it is this user's in this
+    tenant. Anything else is read from the database.
+    """
     if not _counts(user):
         return None
+    if known is not None and known.user_id == user.pk and known.tenant_id == tenant_id:
+        return known
     return Membership.objects.filter(user=user, tenant_id=tenant_id).first()
 
 

@@ -45,17 +45,24 @@ def checked_message(message: str) -> str:
     return message
 
 
-def ticket_membership(user, ticket: Ticket) -> Membership:
-    """The user's membership of the ticket's tenant; TicketNotFoundError for anyone outside it."""
-    membership = members.membership_for(user, ticket.tenant_id)
+def ticket_membership(user, ticket: Ticket, *, known: Membership | None = None) -> Membership:
+    """The user's membership of the ticket's tenant; TicketNotFoundError for anyone outside it.
+
+    known: the membership the caller read in this request, taken when it is the user's in the
+    ticket's tenant (members.membership_for), so it is not read twice."""
+    membership = members.membership_for(user, ticket.tenant_id, known=known)
     if membership is None:
         raise TicketNotFoundError("no such ticket")
     return membership
 
 
-def check_decider(ticket: Ticket, user, *, approve: bool) -> Membership:
-    """The user may decide this ticket so; raises a DecisionError otherwise."""
-    membership = ticket_membership(user, ticket)
+def check_decider(
+    ticket: Ticket, user, *, approve: bool, membership: Membership | None = None
+) -> Membership:
+    """The user may decide this ticket so; raises a DecisionError otherwise.
+
+    membership: the one the caller already read in this request (see ticket_membership)."""
+    membership = ticket_membership(user, ticket, known=membership)
     if not membership.can_decide:
         raise NotAllowedError(f"the {membership.role} role cannot decide tickets")
     factors.check_second_factor(membership, tenant=ticket.tenant, user=user)
@@ -97,6 +104,7 @@ def decide(
     via: dict[str, str] | None = None,
     factor_at: datetime | None = None,
     factor_type: str = "",
+    membership: Membership | None = None,
 ) -> Ticket:
     """Approve or reject a pending ticket under its policy.
 
@@ -107,10 +115,10 @@ def decide(
     when it is final; audit event ticket.vote, ticket.approved (detail: every voter) or
     ticket.rejected; when it was the run's last pending ticket, the run becomes queued and the
     resume task is enqueued (the queue is in the same database, so both commit or neither);
-    after commit, live hints. Raises TicketNotFoundError (not the user's tenant),
-    NotAllowedError, SelfApprovalError, DigestMismatchError (the stored call is not the one the
-    ticket shows), AlreadyVotedError, TicketExpiredError, AlreadyDecidedError or
-    InvalidDecisionError, having written nothing. FlaggedCallError: a flagged call is approved
+    after commit, live hints, sent together (hints.batched). Raises TicketNotFoundError (not
+    the user's tenant), NotAllowedError, SelfApprovalError, DigestMismatchError (the stored
+    call is not the one the ticket shows), AlreadyVotedError, TicketExpiredError,
+    AlreadyDecidedError or InvalidDecisionError, having written nothing. FlaggedCallError: a flagged call is approved
     only by a person who was shown its flags (flags_seen, from the ticket page).
     shown_digest: a caller that did not see the ticket's page (the API) names the call by the
     digest it was shown; another digest is a DigestMismatchError, for a rejection too.
@@ -120,11 +128,16 @@ def decide(
     session (None from a batch or the API). An approval the policy marks for step-up
     (decisions.stepup) raises StepUpRequiredError without a factor that recent; with one, the
     decision's audit event names it (detail step_up) and auth.step_up is recorded beside it.
+    membership: the user's membership the caller already read in this request (the page); used
+    only when it is the user's in the ticket's tenant, else read again.
+    Returns the ticket as decided: a final decision is applied to the given object in memory
+    (the values the compare-and-set wrote over the row read under the lock; its run the row
+    locked, as queued), a vote re-reads it.
     """
     message = checked_message(message)
     if always and not approve:
         raise InvalidDecisionError("'always' goes with an approval, not a rejection")
-    check_decider(ticket, user, approve=approve)
+    check_decider(ticket, user, approve=approve, membership=membership)
     if shown_digest is not None:
         digest.require_shown(ticket, shown_digest)
     if approve and ticket.is_pending:
@@ -135,7 +148,8 @@ def decide(
                 "this call holds invisible characters or look-alike letters; approve it from "
                 "its own ticket page, where they are shown"
             )
-    with transaction.atomic():
+    # The hints of the decision (the ticket's, the run's) leave together once it commits.
+    with hints.batched(), transaction.atomic():
         # The run's lock orders decisions on one run, so exactly one of them sees "all decided".
         # Only what is read here: the row also holds the state blob, which need not travel.
         run = (
@@ -202,8 +216,39 @@ def decide(
             ticket.tenant_id, "ticket.decided", ticket=ticket.pk, run=run.pk, status=status
         )
         queue.queue_if_decided(run, now=now, actor=user)
-    ticket.refresh_from_db()
+    # What the rows hold now, without reading them again: the ticket as read under the lock,
+    # then what the compare-and-set wrote; its run as locked, then queued (the rest of the run
+    # row is read when asked for).
+    _apply_decision(
+        ticket, current, run, status=status, user=user, now=now, message=message, always=always
+    )
     return ticket
+
+
+def _apply_decision(
+    ticket: Ticket,
+    current: Ticket,
+    run: Run,
+    *,
+    status: str,
+    user,
+    now,
+    message: str,
+    always: bool,
+) -> None:
+    for field in Ticket._meta.concrete_fields:
+        if not field.is_relation:
+            setattr(ticket, field.attname, getattr(current, field.attname))
+    ticket.run = run
+    ticket.policy = current.policy
+    ticket.claimed_by = None
+    # The values compare_and_set wrote.
+    ticket.status = status
+    ticket.decided_by = user
+    ticket.decided_at = now
+    ticket.decision_message = message
+    ticket.always = always
+    ticket.claimed_at = None
 
 
 def record_step_up(ticket: Ticket, *, user, factor_type: str) -> None:
@@ -247,7 +292,7 @@ def vote(ticket: Ticket, policy: ApprovalPolicy, *, user, now) -> quorum.Progres
         user=user,
         policy=None if policy.is_builtin else policy,
         created_at=now,
-        groups=quorum.counted_groups(quorum.groups_of(user, ticket.tenant_id), ticket, policy),
+        groups=quorum.voter_groups(user, ticket, policy),
     )
     return quorum.progress(ticket, policy, [*votes, vote])
 

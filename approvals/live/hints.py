@@ -15,6 +15,8 @@ import asyncio
 import logging
 import os
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from asgiref.sync import SyncToAsync, async_to_sync
@@ -87,8 +89,25 @@ class _SenderLoop:
         future = asyncio.run_coroutine_threadsafe(layer.group_send(group, message), loop)
         future.result(timeout=self.TIMEOUT)
 
+    def send_many(self, hints: list[tuple[str, dict[str, Any]]]) -> list[BaseException | None]:
+        loop, layer = self._started()
+        future = asyncio.run_coroutine_threadsafe(_group_send_all(layer, hints), loop)
+        return future.result(timeout=self.TIMEOUT)
+
+
+async def _group_send_all(
+    layer, hints: list[tuple[str, dict[str, Any]]]
+) -> list[BaseException | None]:
+    """Send every hint at once (their Redis round trips overlap); each one's error, or None."""
+    results = await asyncio.gather(
+        *(layer.group_send(group, message) for group, message in hints), return_exceptions=True
+    )
+    return [r if isinstance(r, BaseException) else None for r in results]
+
 
 _sender = _SenderLoop()
+# The hints of the batch open in this thread (see batched), or None.
+_batch = threading.local()
 
 
 def _in_async_server() -> bool:
@@ -101,6 +120,10 @@ def _in_async_server() -> bool:
 
 
 def _send(group: str, message: dict[str, Any]) -> None:
+    held = getattr(_batch, "hints", None)
+    if held is not None:
+        held.append((group, message))
+        return
     try:
         layer = _shared_layer()
         if layer is None:
@@ -113,6 +136,50 @@ def _send(group: str, message: dict[str, Any]) -> None:
     except Exception:
         # Live updates are a convenience; pages still show the truth on the next load.
         logger.warning("live update to %s not delivered", group, exc_info=True)
+
+
+def _send_many(hints: list[tuple[str, dict[str, Any]]]) -> None:
+    """The hints in one hop to the layer's event loop, their group_sends side by side."""
+    try:
+        layer = _shared_layer()
+        if layer is None:
+            return
+        if _in_async_server():
+            errors = async_to_sync(_group_send_all)(layer, hints)
+        else:
+            errors = _sender.send_many(hints)
+    except Exception:
+        logger.warning("live updates to %s not delivered", [g for g, _ in hints], exc_info=True)
+        return
+    for (group, _), error in zip(hints, errors, strict=True):
+        if error is not None:
+            logger.warning("live update to %s not delivered", group, exc_info=error)
+
+
+@contextmanager
+def batched() -> Iterator[None]:
+    """Hold the hints sent in this thread inside the block and send them together when it ends.
+
+    For a transaction opened inside the block: its commit runs the hints' on_commit callbacks
+    there (a rolled-back savepoint's never run, as without a batch), and their hints then go
+    out in one hop to the layer's loop, their Redis round trips overlapping, rather than one
+    hop and round trips after another. The order between the hints of one batch is not kept:
+    each says only what to re-read. Hints whose callbacks run after the block (an outer
+    transaction commits later) are sent on their own, as usual. Nested blocks join the outer.
+    Side effects: after the block, the held hints are sent (failures logged, never raised).
+    """
+    if getattr(_batch, "hints", None) is not None:
+        yield
+        return
+    _batch.hints = []
+    try:
+        yield
+    finally:
+        held, _batch.hints = _batch.hints, None
+        if len(held) == 1:
+            _send(*held[0])
+        elif held:
+            _send_many(held)
 
 
 # Every hint names its tenant: a socket forwards only hints of the tenants its user belongs to

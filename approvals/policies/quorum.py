@@ -139,6 +139,15 @@ def counted_groups(user_groups: set[str], ticket: Ticket, policy: ApprovalPolicy
     return sorted(user_groups & named)
 
 
+def voter_groups(user, ticket: Ticket, policy: ApprovalPolicy) -> list[str]:
+    """What the user's vote on the ticket can count for (counted_groups of the groups the user
+    is in now); no query when the policy names no group."""
+    named = {r["group"] for r in _rules(policy, ticket)} | set(eligible_groups(ticket, policy))
+    if not named:
+        return []
+    return counted_groups(groups_of(user, ticket.tenant_id), ticket, policy)
+
+
 def allows_always(policy: ApprovalPolicy) -> bool:
     """Whether one person may approve a tool for the rest of a run. "Always" lets later calls
     of the tool run without a ticket, so it would waive a quorum, group rules or a rule that

@@ -242,6 +242,7 @@ def ticket_decide(request: HtmxHttpRequest, pk: int) -> HttpResponse:
                 flags_seen=form.cleaned_data["flags_seen"],
                 factor_at=factor.at if factor else None,
                 factor_type=factor.type if factor else "",
+                membership=membership,
             )
         except StepUpRequiredError as error:
             asked = step_up.ask_for_factor(request, ticket, form.cleaned_data, error)
@@ -322,6 +323,7 @@ def ticket_step_up(request: HtmxHttpRequest, pk: int) -> HttpResponse:
             shown_digest=record["digest"],
             factor_at=factor.at,
             factor_type=factor.type,
+            membership=membership,
         )
     except StepUpRequiredError as error:
         # The window closed between the page and the click, or the policy changed: ask again.

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from approvals import members
-from approvals.models import Role
+from approvals.models import Membership, Role
 from tests.support import TenantFactory, UserFactory, member
 
 pytestmark = pytest.mark.django_db
@@ -41,6 +41,38 @@ def test_membership_for_an_inactive_user_is_none():
 
     assert members.membership_for(alice, tenant.pk) is None
     assert members.is_admin(alice, tenant.pk) is False
+
+
+def test_membership_for_takes_a_known_membership_of_the_user_in_the_tenant(
+    django_assert_num_queries,
+):
+    tenant = TenantFactory()
+    alice = member(tenant, Role.APPROVER)
+    known = Membership.objects.get(user=alice, tenant=tenant)
+
+    with django_assert_num_queries(0):
+        assert members.membership_for(alice, tenant.pk, known=known) is known
+
+
+def test_membership_for_reads_again_a_known_membership_of_another_user_or_tenant():
+    tenant, other = TenantFactory(), TenantFactory()
+    alice = member(tenant, Role.VIEWER)
+    bob = member(tenant, Role.ADMIN)
+    member(other, Role.ADMIN, username=alice.username)
+    alices_elsewhere = Membership.objects.get(user=alice, tenant=other)
+    bobs = Membership.objects.get(user=bob, tenant=tenant)
+
+    assert members.membership_for(alice, tenant.pk, known=alices_elsewhere).role == Role.VIEWER
+    assert members.membership_for(alice, tenant.pk, known=bobs).role == Role.VIEWER
+
+
+def test_membership_for_an_inactive_user_with_a_known_membership_is_none():
+    tenant = TenantFactory()
+    alice = member(tenant, Role.ADMIN)
+    known = Membership.objects.get(user=alice, tenant=tenant)
+    alice.is_active = False
+
+    assert members.membership_for(alice, tenant.pk, known=known) is None
 
 
 def test_membership_for_no_user_is_none():

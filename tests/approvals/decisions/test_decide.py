@@ -109,6 +109,44 @@ def test_decide_approve_records_the_decision_and_queues_the_run():
     ]
 
 
+def _stored(ticket: Ticket) -> dict:
+    return {f.attname: getattr(ticket, f.attname) for f in Ticket._meta.concrete_fields}
+
+
+@pytest.mark.parametrize("approve", [True, False])
+def test_decide_returns_the_ticket_as_stored_with_its_run_kept(approve, django_assert_num_queries):
+    tenant = TenantFactory()
+    ticket = Ticket.objects.select_related("run").get(
+        pk=one_ticket(tenant, member(tenant, Role.VIEWER)).pk
+    )
+    approver = member(tenant, Role.APPROVER)
+    # Another hand moves the ticket before the decision: what is returned is the row now.
+    Ticket.objects.filter(pk=ticket.pk).update(decision_reason="moved meanwhile")
+
+    decided = decide(ticket, user=approver, approve=approve, message="m", always=approve)
+
+    assert _stored(decided) == _stored(Ticket.objects.get(pk=ticket.pk))
+    assert decided.decision_reason == "moved meanwhile"
+    with django_assert_num_queries(0):
+        assert decided.run.status == RunStatus.QUEUED
+        assert decided.decided_by == approver
+
+
+def test_decide_takes_the_callers_membership_only_when_it_is_the_deciders():
+    tenant, other = TenantFactory(), TenantFactory()
+    ticket = one_ticket(tenant, member(tenant, Role.VIEWER))
+    viewer = member(tenant, Role.VIEWER)
+    # An approver's membership of another tenant, handed over with a viewer: the viewer's own
+    # membership is read, and its role refuses.
+    elsewhere = Membership.objects.get(user=member(other, Role.APPROVER))
+    unchanged = Unchanged(ticket)
+
+    with pytest.raises(NotAllowedError):
+        decide(ticket, user=viewer, approve=True, membership=elsewhere)
+
+    unchanged.check()
+
+
 def test_decide_reject_records_the_message_and_queues_the_run():
     tenant = TenantFactory()
     ticket = one_ticket(tenant, member(tenant, Role.VIEWER))

@@ -5,7 +5,9 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import escape
@@ -347,3 +349,33 @@ def test_decide_htmx_refusal_returns_the_decision_partial(client, setup):
     assert response.status_code == 403
     assert body.startswith('<section class="card decision" id="decision"')
     assert "<html" not in body
+
+
+# What one approval that completes its run reads and writes, after commit included, in a
+# test's transaction (its commit is a savepoint's release; NOTIFY wakes a worker on
+# PostgreSQL): the session and the user; the user's memberships and the ticket with its run
+# (the digest gate opens its state), read once for the view and decide(); under the run's lock
+# the ticket with its policy, the valid votes, the vote and the compare-and-set; the
+# decision's audit event; the run queued, its resume task and its audit event; after commit,
+# the notification fan-out. Pinned so that a duplicate read cannot creep back in: change a
+# number only with the query that was added or cut.
+APPROVE_QUERIES = {"postgresql": 28, "sqlite": 27}
+
+
+def test_decide_approve_takes_a_fixed_number_of_queries(
+    client, setup, django_capture_on_commit_callbacks
+):
+    _, ticket, approver = setup
+    client.force_login(approver)
+
+    with (
+        CaptureQueriesContext(connection) as captured,
+        django_capture_on_commit_callbacks(execute=True),
+    ):
+        response = client.post(decide_url(ticket), {"decision": "approve"})
+
+    assert response.status_code == 302
+    assert Ticket.objects.get(pk=ticket.pk).status == TicketStatus.APPROVED
+    assert len(captured) == APPROVE_QUERIES[connection.vendor], "\n".join(
+        q["sql"][:120] for q in captured
+    )

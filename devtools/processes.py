@@ -254,6 +254,10 @@ class ConsoleClient:
             )
 
     def decide(self, ticket_id: int, decision: str = "approve", message: str = "") -> Response:
-        return self.post(
+        """POST a decision, and read its confirmation as the next page would: a browser shows
+        it there, so the messages cookie does not grow with every decision."""
+        answer = self.post(
             f"/tickets/{ticket_id}/decide/", {"decision": decision, "message": message}
         )
+        self.cookies.pop("messages", None)
+        return answer

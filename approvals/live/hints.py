@@ -85,9 +85,12 @@ class _SenderLoop:
             return self._loop, self._layer
 
     def send(self, group: str, message: dict[str, Any]) -> None:
+        """Hand the hint to the loop and go on: a worker's resume does not wait for Redis. A
+        hint only says what to re-read, so one that arrives after the next is harmless; one
+        that fails is logged."""
         loop, layer = self._started()
         future = asyncio.run_coroutine_threadsafe(layer.group_send(group, message), loop)
-        future.result(timeout=self.TIMEOUT)
+        future.add_done_callback(lambda done: _log_failure(done, group))
 
     def send_many(self, hints: list[tuple[str, dict[str, Any]]]) -> list[BaseException | None]:
         loop, layer = self._started()
@@ -103,6 +106,12 @@ async def _group_send_all(
         *(layer.group_send(group, message) for group, message in hints), return_exceptions=True
     )
     return [r if isinstance(r, BaseException) else None for r in results]
+
+
+def _log_failure(done, group: str) -> None:
+    error = None if done.cancelled() else done.exception()
+    if error is not None:
+        logger.warning("live update to %s not delivered", group, exc_info=error)
 
 
 _sender = _SenderLoop()

@@ -2,14 +2,34 @@
 
 from __future__ import annotations
 
+from django.db.models import Exists, OuterRef
+
 from approvals.models import Membership
 
 
 def membership_for(user, tenant_id: int) -> Membership | None:
     """The user's membership of the tenant, or None for anonymous, inactive or outside users."""
-    if user is None or not user.is_authenticated or not user.is_active:
+    if not _may_belong(user):
         return None
     return Membership.objects.filter(user=user, tenant_id=tenant_id).first()
+
+
+def has_membership(user_field: str = "user_id", tenant_field: str = "tenant_id") -> Exists:
+    """An annotation for a query of rows that name a user and a tenant (an API token): whether
+    that user has a membership of that tenant, read in the row's own query. is_member() turns
+    it into membership_for()'s answer."""
+    return Exists(
+        Membership.objects.filter(user_id=OuterRef(user_field), tenant_id=OuterRef(tenant_field))
+    )
+
+
+def is_member(user, *, has_membership: bool) -> bool:
+    """What membership_for(user, tenant) is not None says, given has_membership() of the row."""
+    return has_membership and _may_belong(user)
+
+
+def _may_belong(user) -> bool:
+    return user is not None and user.is_authenticated and user.is_active
 
 
 def roles_of(user_ids: list[int]) -> dict[int, dict[int, str]]:

@@ -235,7 +235,8 @@ def authenticate(header: str | None) -> ApiToken:
     """The token an Authorization header carries, if it may be used now.
 
     Raises TokenRefusedError saying exactly why not: no or malformed header, unknown token,
-    expired (when), revoked (when, by whom), or a person who is no longer a member.
+    expired (when), revoked (when, by whom), or a person who is no longer a member. Reads the
+    token with its tenant, its person and that person's membership in one query.
     """
     scheme, _, text = (header or "").strip().partition(" ")
     text = text.strip()
@@ -247,11 +248,16 @@ def authenticate(header: str | None) -> ApiToken:
             "that is not an API token: they read apc_<8 letters or digits>_<43 characters>",
             code="token_malformed",
         )
-    token = (
-        ApiToken.objects.select_related("tenant", "user", "revoked_by")
-        .filter(prefix=match.group(1))
-        .first()
-    )
+    # One query: the token, its tenant and person, and whether that person is still a member.
+    # (Who revoked it is read only to say so.)
+    try:
+        token = (
+            ApiToken.objects.select_related("tenant", "user")
+            .annotate(person_is_member=members.has_membership())
+            .get(prefix=match.group(1))
+        )
+    except ApiToken.DoesNotExist:
+        token = None
     # The hash is compared in constant time even when the prefix is unknown.
     stored = token.token_hash if token is not None else "0" * 64
     if not hmac.compare_digest(hash_token(text), stored) or token is None:
@@ -262,7 +268,9 @@ def authenticate(header: str | None) -> ApiToken:
         raise TokenRefusedError(
             f"this API token expired on {_when(token.expires_at)}", code="token_expired"
         )
-    if token.user_id is not None and members.membership_for(token.user, token.tenant_id) is None:
+    if token.user_id is not None and not members.is_member(
+        token.user, has_membership=token.person_is_member
+    ):
         raise TokenRefusedError(
             f"this API token acts as {token.user.get_username()}, who is no longer an active "
             f"member of {token.tenant.slug}",
@@ -294,13 +302,18 @@ def throttle(token: ApiToken, *, now: datetime | None = None) -> int:
     """
     now = now or timezone.now()
     key = _count_key(token, _window(now))
-    cache.add(key, 0, timeout=COUNT_TTL_SECONDS)
+    # Counting first: only the first request of a window finds no count and opens it.
     try:
         count = cache.incr(key)
     except ValueError:
-        # The key expired between add and incr: this request opens a fresh count.
-        cache.set(key, 1, timeout=COUNT_TTL_SECONDS)
         count = 1
+        if not cache.add(key, count, timeout=COUNT_TTL_SECONDS):
+            # Another request opened the window in between: count on from its number.
+            try:
+                count = cache.incr(key)
+            except ValueError:
+                # ...and the key expired at once: this request opens a fresh count.
+                cache.set(key, count, timeout=COUNT_TTL_SECONDS)
     if count > settings.APPROVALS_API_RATE_PER_MINUTE:
         left = WINDOW_SECONDS - now.timestamp() % WINDOW_SECONDS
         raise RateLimitedError(max(1, math.ceil(left)))

@@ -229,7 +229,8 @@ def submit_paused(request: HttpRequest, response: HttpResponse, body: PausedRunI
         via=tokens.via(token),
     )
     response["Location"] = absolute(f"/api/v1/runs/{run.pk}")
-    return 201, _full_run(_run_of(token, run.pk))
+    # The run as submit_paused read it back, with the token's tenant and person it was given.
+    return 201, _full_run(run)
 
 
 @api.post(

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from django.db.models import Exists, OuterRef
+
 from approvals.models import Membership
 
 
-def _counts(user) -> bool:
+def _may_belong(user) -> bool:
     return user is not None and user.is_authenticated and user.is_active
 
 
@@ -16,7 +18,7 @@ def membership_for(user, tenant_id: int, *, known: Membership | None = None) -> 
     memberships once); it is taken, without a query, only when it is this user's in this
     tenant. Anything else is read from the database.
     """
-    if not _counts(user):
+    if not _may_belong(user):
         return None
     if known is not None and known.user_id == user.pk and known.tenant_id == tenant_id:
         return known
@@ -26,13 +28,27 @@ def membership_for(user, tenant_id: int, *, known: Membership | None = None) -> 
 def memberships_in(users, tenant_id: int) -> dict[int, Membership]:
     """membership_for() for several users at once, in one query: {user id: membership}, without
     the users membership_for() would answer None for."""
-    ids = {user.pk for user in users if _counts(user)}
+    ids = {user.pk for user in users if _may_belong(user)}
     if not ids:
         return {}
     return {
         membership.user_id: membership
         for membership in Membership.objects.filter(user_id__in=ids, tenant_id=tenant_id)
     }
+
+
+def has_membership(user_field: str = "user_id", tenant_field: str = "tenant_id") -> Exists:
+    """An annotation for a query of rows that name a user and a tenant (an API token): whether
+    that user has a membership of that tenant, read in the row's own query. is_member() turns
+    it into membership_for()'s answer."""
+    return Exists(
+        Membership.objects.filter(user_id=OuterRef(user_field), tenant_id=OuterRef(tenant_field))
+    )
+
+
+def is_member(user, *, has_membership: bool) -> bool:
+    """What membership_for(user, tenant) is not None says, given has_membership() of the row."""
+    return has_membership and _may_belong(user)
 
 
 def roles_of(user_ids: list[int]) -> dict[int, dict[int, str]]:

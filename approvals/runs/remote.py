@@ -11,14 +11,15 @@ of queueing it.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
 from dataclasses import dataclass
 from datetime import UTC
 from typing import Any
 
 from agents import Agent, RunState
 from agents.items import ToolApprovalItem
-from asgiref.sync import async_to_sync
 from django.db import transaction
 from django.db.models import Prefetch
 from django.utils import timezone
@@ -54,6 +55,15 @@ OUTCOMES = ("completed", "paused", "failed")
 DECIDED_RUN_STATUSES = frozenset(
     {RunStatus.AWAITING_CALLER, RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.EXPIRED}
 )
+
+
+# The agent a ToolApprovalItem must name: reading a call from JSON needs none of its own (the
+# call's agent name is taken from the JSON), and building an Agent costs more than the reading.
+_ANY_AGENT = Agent(name="agent")
+# Run's columns that are not relations (submit_paused reads them again after the tickets).
+_OWN_COLUMNS = [
+    f.attname for f in Run._meta.concrete_fields if not (f.is_relation or f.primary_key)
+]
 
 
 class InvalidStateError(PauseError):
@@ -133,7 +143,7 @@ def _call_of(number: int, item: dict) -> PendingCall:
     agent_name = agent_name if isinstance(agent_name, str) else ""
     tool_name, namespace = item.get("tool_name"), item.get("tool_namespace")
     sdk_item = ToolApprovalItem(
-        agent=Agent(name=agent_name or "agent"),
+        agent=_ANY_AGENT,
         raw_item=dict(raw),
         tool_name=tool_name if isinstance(tool_name, str) else None,
         tool_namespace=namespace if isinstance(namespace, str) else None,
@@ -174,14 +184,29 @@ def _require_stored(value: dict, number: int, call: PendingCall) -> None:
         )
 
 
+_loops = threading.local()
+
+
+def _thread_loop() -> asyncio.Runner:
+    """This thread's own event loop, kept for its next state: a fresh loop (and, under
+    async_to_sync without an outer loop, a fresh thread) per state costs milliseconds. A
+    thread that already runs a loop cannot use it (RuntimeError), as with async_to_sync."""
+    runner = getattr(_loops, "runner", None)
+    if runner is None:
+        runner = _loops.runner = asyncio.Runner()
+    return runner
+
+
 def _loaded_calls(spec: registry.AgentSpec, value: dict, expected: int) -> list[PendingCall]:
     """The calls of the state as the registered agent version loads it (RunState.from_json)."""
     try:
-        loaded = async_to_sync(RunState.from_json)(
-            spec.build(),
-            value,
-            context_deserializer=spec.context_deserializer,
-            strict_context=spec.context_deserializer is not None,
+        loaded = _thread_loop().run(
+            RunState.from_json(
+                spec.build(),
+                value,
+                context_deserializer=spec.context_deserializer,
+                strict_context=spec.context_deserializer is not None,
+            )
         )
         calls = [PendingCall.of(item) for item in loaded.get_interruptions()]
     except Exception as error:
@@ -294,8 +319,9 @@ def submit_paused(
         executor=RunExecutor.CALLER,
         detail={"executor": RunExecutor.CALLER, **(via or {})},
     )
-    # The automatic deciders may have decided every call already.
-    run.refresh_from_db()
+    # The automatic deciders may have decided every call already. The run's own columns only:
+    # its tenant and requester, which no decision changes, stay as they were given.
+    run.refresh_from_db(fields=_OWN_COLUMNS)
     return run
 
 

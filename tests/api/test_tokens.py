@@ -124,6 +124,16 @@ def test_a_token_of_a_person_who_left_is_refused(tenant):
     )
 
 
+def test_a_token_of_a_deactivated_person_is_refused_though_still_a_member(tenant):
+    person = member(tenant, Role.APPROVER, username="paul")
+    _, text = api_token(tenant, "tickets:decide", user=person)
+    type(person).objects.filter(pk=person.pk).update(is_active=False)
+
+    with pytest.raises(tokens.TokenRefusedError) as refused:
+        tokens.authenticate(f"Bearer {text}")
+    assert refused.value.code == "token_person_gone"
+
+
 def test_revoke_happens_once(tenant):
     admin = member(tenant, Role.ADMIN, username="ada")
     row, _ = api_token(tenant, "runs:read")

@@ -4,7 +4,9 @@ import hashlib
 import json
 
 import pytest
+from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from api import tokens, waiting
@@ -13,9 +15,19 @@ from approvals import transitions
 from approvals.core.signatures import decision_public_keys
 from approvals.models import AuditEvent, Role, Run, RunStatus, Ticket, TicketStatus, TicketVote
 from approvals.policies.versions import save_policy
-from tests.support import TenantFactory, api_token, bearer, member, paused_run
+from approvals.runs import remote
+from tests.support import (
+    TenantFactory,
+    api_token,
+    bearer,
+    calling_agent,
+    member,
+    paused_run,
+    run_agent,
+)
 
 API = "/api/v1"
+PRODUCTION = {"release": "2026.07.24", "environment": "production"}
 
 
 @pytest.fixture
@@ -31,6 +43,12 @@ def world(db, settings):
     }
     run = paused_run(tenant, requested_by=people["requester"])
     return tenant, people, run
+
+
+def paused_body() -> dict:
+    """What a caller's process sends to hand over its pause of the release agent."""
+    result = run_agent("release", "Deploy", agent=calling_agent(PRODUCTION))
+    return {"agent": "release", "version": "1", "state": result.to_state().to_json()}
 
 
 def call(method: str, path: str, secret: str | None = None, body=None, **query):
@@ -183,6 +201,33 @@ def test_reads_write_last_use_once_a_minute(world, frozen_clock, django_assert_n
     # A later read in the window writes nothing: it reads the token and the runs, nothing else.
     with django_assert_num_queries(2):
         assert call("GET", "/runs", secret, limit=1).status_code == 200
+
+
+def test_a_submit_costs_its_pause_and_three_queries_of_its_own(world, frozen_clock):
+    tenant, people, run = world
+    person = people["requester"]
+    _, secret = api_token(tenant, "runs:write", user=person)
+    # The token's first request of the minute writes its use; the next ones write nothing.
+    assert call("POST", "/runs/paused", secret, paused_body()).status_code == 201
+    with CaptureQueriesContext(connection) as pause:
+        remote.submit_paused(
+            tenant=tenant,
+            agent_key="release",
+            agent_version="1",
+            state_json=paused_body()["state"],
+            requested_by=person,
+        )
+
+    with CaptureQueriesContext(connection) as request:
+        answer = call("POST", "/runs/paused", secret, paused_body())
+
+    assert answer.status_code == 201
+    assert (answer.json()["status"], answer.json()["requested_by"]) == ("paused", "rita")
+    # The token with its tenant, person and membership (one query), then the answer's
+    # tickets and their votes: nothing else beside what storing the pause itself reads and writes.
+    own = [q["sql"].split(" FROM ")[-1].split()[0] for q in request[:1] + request[-2:]]
+    assert own == ['"api_apitoken"', '"approvals_ticket"', '"approvals_ticketvote"']
+    assert len(request) == len(pause) + 3, [q["sql"][:120] for q in request]
 
 
 # --- reading --------------------------------------------------------------------------------------

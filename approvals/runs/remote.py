@@ -11,9 +11,7 @@ of queueing it.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import threading
 from dataclasses import dataclass
 from datetime import UTC
 from typing import Any
@@ -45,6 +43,7 @@ from approvals.models import (
     TicketStatus,
     TicketVote,
 )
+from approvals.runs import lease
 from approvals.runs.pause import store_next_pause, store_pause, title_from
 
 # The session a caller's run names lives in its caller's process, never reopened here.
@@ -184,23 +183,11 @@ def _require_stored(value: dict, number: int, call: PendingCall) -> None:
         )
 
 
-_loops = threading.local()
-
-
-def _thread_loop() -> asyncio.Runner:
-    """This thread's own event loop, kept for its next state: a fresh loop (and, under
-    async_to_sync without an outer loop, a fresh thread) per state costs milliseconds. A
-    thread that already runs a loop cannot use it (RuntimeError), as with async_to_sync."""
-    runner = getattr(_loops, "runner", None)
-    if runner is None:
-        runner = _loops.runner = asyncio.Runner()
-    return runner
-
-
 def _loaded_calls(spec: registry.AgentSpec, value: dict, expected: int) -> list[PendingCall]:
     """The calls of the state as the registered agent version loads it (RunState.from_json)."""
     try:
-        loaded = _thread_loop().run(
+        # On this thread's kept event loop: a fresh one per state costs milliseconds.
+        loaded = lease.run_async(
             RunState.from_json(
                 spec.build(),
                 value,

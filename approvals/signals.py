@@ -16,8 +16,16 @@ from django.dispatch import Signal
 
 logger = logging.getLogger(__name__)
 
-# event=<AuditEvent>: the transaction that appended the event has committed.
+# event=<AuditEvent>: the transaction that appended the event has committed. Sent in the
+# committing process (a request, a resume): a receiver here costs that process its time, so
+# work that reads the database belongs to audit_tail instead.
 audit_event_committed = Signal()
+
+# Sent by the worker's notifications pool on every poll (no arguments), never by a request or a
+# resume: a receiver reads the audit events committed since it last looked and does its work
+# with them (notifications: the fan-out), off the process that committed them. It returns how
+# many events it handled, so the pool polls again at once while there is a backlog.
+audit_tail = Signal()
 
 # event=<AuditEvent audit.checkpointed>, checkpoint=<dict>: a tenant's chain head was signed
 # into a checkpoint (manage.py audit_checkpoint) and the event recording it has committed.

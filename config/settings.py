@@ -172,7 +172,9 @@ CACHES = {
 TASKS = {
     "default": {
         "BACKEND": "django_tasks_db.DatabaseBackend",
-        "QUEUES": ["default"],
+        # default: resumes and starts; notifications: webhook and email deliveries, served by
+        # their own pool of `manage.py worker` so a hanging receiver never holds up a resume.
+        "QUEUES": ["default", "notifications"],
     }
 }
 

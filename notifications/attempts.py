@@ -15,7 +15,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from approvals.core.redaction import redact
-from approvals.execution.queue import WAKE_CHANNEL
+from approvals.execution.queue import SIDE_QUEUE, SIDE_WAKE_CHANNEL
 from notifications.models import DeliveryStatus
 
 MAX_ATTEMPTS = 5
@@ -28,6 +28,8 @@ BACKOFF = [
 ]
 # A claimed attempt keeps others off the delivery for this long (longer than any request).
 IN_FLIGHT = timedelta(seconds=30)
+# Every notifications task goes to the worker's notifications pool, never the resumes' queue.
+QUEUE = SIDE_QUEUE
 
 logger = logging.getLogger("notifications")
 
@@ -46,11 +48,12 @@ def short_error(text: str) -> str:
 
 
 def wake_worker() -> None:
-    """Tell a worker waiting on PostgreSQL that tasks were enqueued (the caller's transaction
-    sends it on commit); elsewhere the worker polls."""
+    """Tell a worker's notifications pool waiting on PostgreSQL that tasks were enqueued (the
+    caller's transaction sends it on commit; the resume loop is not woken); elsewhere, and
+    when the notification is lost, the pool's short poll finds them."""
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
-            cursor.execute(f"NOTIFY {WAKE_CHANNEL}")
+            cursor.execute(f"NOTIFY {SIDE_WAKE_CHANNEL}")
 
 
 def claim(rows, pk: int, now: datetime):

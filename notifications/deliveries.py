@@ -22,7 +22,15 @@ from approvals.core import crypto
 from approvals.core.links import public_url
 from approvals.live import hints
 from notifications import signing, transport
-from notifications.attempts import claim, reopen, report, settle, still_claimed, wake_worker
+from notifications.attempts import (
+    QUEUE,
+    claim,
+    reopen,
+    report,
+    settle,
+    still_claimed,
+    wake_worker,
+)
 from notifications.emails import deliver_email_task
 from notifications.endpoints import audited_host, endpoint_secret
 from notifications.models import Delivery, DeliveryStatus, EmailDelivery, WebhookEndpoint
@@ -30,7 +38,7 @@ from notifications.models import Delivery, DeliveryStatus, EmailDelivery, Webhoo
 USER_AGENT = "approval-console-webhooks/1"
 
 
-@task()
+@task(queue_name=QUEUE)
 def deliver_webhook_task(delivery_id: int) -> dict[str, int]:
     return report("webhook", [attempt(delivery_id)])
 

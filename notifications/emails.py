@@ -24,6 +24,7 @@ from approvals.audit import chain
 from approvals.live import hints
 from approvals.models import DECIDING_ROLES, ApproverGroup, AuditEvent, Membership
 from notifications.attempts import (
+    QUEUE,
     claim,
     reopen,
     report,
@@ -198,12 +199,12 @@ def _email_error(error: Exception) -> str:
 # --- sending --------------------------------------------------------------------------------
 
 
-@task()
+@task(queue_name=QUEUE)
 def deliver_email_task(email_id: int) -> dict[str, int]:
     return report("email", [attempt_email(email_id)])
 
 
-@task()
+@task(queue_name=QUEUE)
 def deliver_emails_task(email_ids: list[int]) -> dict[str, int]:
     """The emails of one event, sent over one SMTP connection; retries go one by one."""
     sent = attempt_emails(email_ids)

@@ -1,27 +1,103 @@
 """The fan-out: a committed audit event becomes webhook deliveries and emails.
 
-It runs when an audit event has committed (approvals.signals.audit_event_committed, connected
-in receivers); it only writes delivery rows and enqueues their tasks, so a slow receiver or
-SMTP server never slows a decision. Sending is the tasks' (deliveries, emails). A signed audit
-checkpoint goes out the same way, with its statement, when approvals.signals.audit_checkpointed
-says so (fan_out_checkpoint).
+It runs in the worker's notifications pool, never in the process that committed the event:
+catch_up tails each tenant's audit chain from its cursor (approvals.signals.audit_tail, sent by
+the pool's every poll, connected in receivers), so a decision, a pause or a resume pays nothing
+for its notifications. It only writes delivery rows and enqueues their tasks on the
+notifications queue; sending is the tasks' (deliveries, emails), so a slow receiver or SMTP
+server holds up neither a decision nor a resume. A signed audit checkpoint goes out with its
+statement when approvals.signals.audit_checkpointed says so (fan_out_checkpoint; sent by
+`manage.py audit_checkpoint`, not on any request's path).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 
 from django.db import transaction
+from django.db.models import F, Q
 from django.utils import timezone
 
 from approvals.core.links import public_url
 from approvals.live import hints
-from approvals.models import AuditEvent
+from approvals.models import AuditEvent, Tenant
 from notifications.attempts import wake_worker
 from notifications.deliveries import deliver_webhook_task
 from notifications.emails import create_emails, email_for, recipients_for
 from notifications.events import event_for, facts_for
-from notifications.models import Delivery, DeliveryStatus, Event, WebhookEndpoint
+from notifications.models import Delivery, DeliveryStatus, Event, FanOutCursor, WebhookEndpoint
+
+# Passes in a row an event's fan-out may fail before it is skipped (logged as an error), so one
+# event that cannot be fanned out does not hold up its tenant's notifications for ever.
+MAX_FAILURES = 5
+
+logger = logging.getLogger("notifications")
+
+
+def catch_up(*, limit: int = 100) -> int:
+    """Fan out the audit events committed since the last pass, each tenant's in seq order.
+
+    A tenant's events are appended under its tenant-row lock, so they commit in seq order:
+    every event after the cursor that this pass can see has committed, and none before it is
+    still to come. A rolled-back event is never seen. Safe with several workers at once: the
+    fan-out is idempotent per endpoint and event (emails per recipient and event), and the
+    cursor only moves by compare-and-set from the seq this pass read, so a second pass over
+    the same events fans out nothing twice and cannot move a cursor back. A pass that stops
+    half-way (a crash, an error) leaves the cursor at the last event it fanned out.
+
+    Side effects: fan_out's, for at most `limit` events of each tenant behind; creates a
+    tenant's cursor at its first pass (from seq 0: the cursors of the tenants that existed
+    before this fan-out were made at their chain's head by a migration) and moves it. An event
+    whose fan-out raises is logged and tried again next pass; after MAX_FAILURES passes it is
+    skipped with an error in the log. Returns how many events the cursors moved past.
+    """
+    behind = (
+        Tenant.objects.filter(audit_seq__gt=0)
+        .filter(Q(fan_out_cursor__isnull=True) | Q(audit_seq__gt=F("fan_out_cursor__seq")))
+        .order_by("pk")
+        .values_list("pk", "fan_out_cursor__seq", "fan_out_cursor__failures")
+    )
+    return sum(
+        _catch_up_tenant(tenant_id, seq, failures, limit) for tenant_id, seq, failures in behind
+    )
+
+
+def _catch_up_tenant(tenant_id: int, seq: int | None, failures: int | None, limit: int) -> int:
+    if seq is None:
+        FanOutCursor.objects.get_or_create(tenant_id=tenant_id)
+        seq, failures = 0, 0
+    events = AuditEvent.objects.filter(tenant_id=tenant_id, seq__gt=seq).order_by("seq")[:limit]
+    reached = seq
+    for audit_event in events:
+        try:
+            fan_out(audit_event=audit_event)
+        except Exception:
+            failures += 1
+            if failures < MAX_FAILURES:
+                logger.exception(
+                    "fan-out of audit event %s (tenant %s #%s) failed; trying again next pass",
+                    audit_event.pk,
+                    tenant_id,
+                    audit_event.seq,
+                )
+                break
+            logger.error(
+                "fan-out of audit event %s (tenant %s #%s) failed %s times; skipped, its "
+                "notifications are not sent",
+                audit_event.pk,
+                tenant_id,
+                audit_event.seq,
+                failures,
+                exc_info=True,
+            )
+        failures = 0
+        reached = audit_event.seq
+    # Compare-and-set: a pass that raced this one and already moved the cursor keeps it.
+    FanOutCursor.objects.filter(tenant_id=tenant_id, seq=seq).update(
+        seq=reached, failures=failures, updated_at=timezone.now()
+    )
+    return reached - seq
 
 
 def fan_out(*, audit_event: AuditEvent) -> list[Delivery]:

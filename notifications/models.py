@@ -168,3 +168,23 @@ class EmailDelivery(Attempted):
                 url = line.removeprefix("Open it: ").strip()
                 return url if url.startswith(("http://", "https://")) else ""
         return ""
+
+
+class FanOutCursor(models.Model):
+    """How far the fan-out has read a tenant's audit chain: every event up to seq is fanned out.
+
+    Kept here, not on the tenant row, which every audit append locks: the worker's fan-out
+    moves it (notifications.fan_out.catch_up) without ever waiting on a decision or a resume.
+    A tenant without a cursor is new since the cursors were made, and is read from its start.
+    """
+
+    tenant = models.OneToOneField(
+        Tenant, on_delete=models.CASCADE, primary_key=True, related_name="fan_out_cursor"
+    )
+    seq = models.BigIntegerField(default=0)
+    # Passes in a row whose fan-out of the event after seq raised; reset when it goes through.
+    failures = models.PositiveIntegerField(default=0)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return f"fan-out of {self.tenant_id} at #{self.seq}"

@@ -1,9 +1,10 @@
 """What notifications hears from approvals (approvals.signals), connected in AppConfig.ready.
 
-A committed audit event may notify someone: cheap and never raising into the caller (audit
-sends the signal robustly and logs a failure); a signed audit checkpoint goes to the tenant's
-webhooks. The worker's housekeeping gives lost deliveries their task again, and a key rotation
-re-seals the webhook secrets.
+The worker's notifications pool fans out the audit events committed since its last poll
+(audit_tail); nothing listens to audit_event_committed, so a decision, a pause or a resume
+spends nothing on its notifications. A signed audit checkpoint goes to the tenant's webhooks.
+The worker's housekeeping gives lost deliveries their task again, and a key rotation re-seals
+the webhook secrets.
 """
 
 from __future__ import annotations
@@ -13,16 +14,16 @@ from django.dispatch import receiver
 from approvals.signals import (
     Rotation,
     audit_checkpointed,
-    audit_event_committed,
+    audit_tail,
     secrets_rotating,
     worker_housekeeping,
 )
 from notifications import deliveries, endpoints, fan_out
 
 
-@receiver(audit_event_committed, dispatch_uid="notifications.fan_out")
-def _fan_out(sender, event, **kwargs) -> None:
-    fan_out.fan_out(audit_event=event)
+@receiver(audit_tail, dispatch_uid="notifications.catch_up")
+def _catch_up(sender, **kwargs) -> int:
+    return fan_out.catch_up()
 
 
 @receiver(audit_checkpointed, dispatch_uid="notifications.checkpoint")

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 from django_tasks import task
 
+from notifications.attempts import QUEUE
 from notifications.deliveries import deliver_webhook_task
 from notifications.emails import deliver_email_task, deliver_emails_task, send_email
 
 __all__ = ["deliver_email_task", "deliver_emails_task", "deliver_webhook_task", "send_email_task"]
 
 
-@task()
+@task(queue_name=QUEUE)
 def send_email_task(audit_event_id: int, recipients: list[str]) -> int:
     """Kept for tasks queued before each email had a row: it only writes those rows."""
     return send_email(audit_event_id=audit_event_id, recipients=recipients)

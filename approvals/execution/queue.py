@@ -28,6 +28,10 @@ from approvals.models import (
 )
 
 WAKE_CHANNEL = "approvals_resume"
+# The worker's second pool (manage.py worker): its queue, for the tasks that must never hold up
+# a resume (the notifications' webhook and email deliveries), and the channel that wakes it.
+SIDE_QUEUE = "notifications"
+SIDE_WAKE_CHANNEL = "approvals_notifications"
 # The statuses a resume leaves when it did its work; anything else is logged as a warning.
 _RESUMED = frozenset({RunStatus.COMPLETED, RunStatus.PAUSED})
 

@@ -25,6 +25,7 @@ from approvals.models.tickets import (
     TicketStatus,
     TicketVote,
 )
+from approvals.models.workers import WorkerHeartbeat
 
 __all__ = [
     "CLAIM_LAPSE",
@@ -49,4 +50,5 @@ __all__ = [
     "Ticket",
     "TicketStatus",
     "TicketVote",
+    "WorkerHeartbeat",
 ]

@@ -87,8 +87,11 @@ def _status_writes(tree: ast.AST) -> list[int]:
             continue
         keywords = {k.arg: k.value for k in node.keywords}
         status = keywords.get("status")
-        # The ledger's rows have statuses of their own (claimed, done, failed): no state machine.
-        if status is not None and ast.unparse(status).startswith("LedgerStatus."):
+        # The ledger's rows and the task queue's rows have statuses of their own (claimed, done,
+        # failed; ready, running, failed): no state machine of a run or a ticket.
+        if status is not None and ast.unparse(status).startswith(
+            ("LedgerStatus.", "TaskResultStatus.")
+        ):
             continue
         if node.func.attr in {"update", "create", "update_or_create"} and status is not None:
             lines.append(node.lineno)

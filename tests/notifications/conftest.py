@@ -3,8 +3,8 @@ from __future__ import annotations
 import pytest
 
 from approvals.models import Role, Tenant
-from notifications import endpoints
-from notifications.models import Event, WebhookEndpoint
+from notifications import endpoints, fan_out
+from notifications.models import Event, FanOutCursor, WebhookEndpoint
 from tests.support import TenantFactory, member
 
 
@@ -29,3 +29,16 @@ def make_endpoint(
         events=list(Event.values) if events is None else events,
         active=active,
     )
+
+
+def fan_out_committed() -> int:
+    """What the worker's notifications pool does before each task it claims: fan out the audit
+    events committed since its last pass (never the process that committed them)."""
+    return fan_out.catch_up()
+
+
+def caught_up(tenant: Tenant) -> None:
+    """The worker's fan-out is past the tenant's events so far (a test's set-up), so what the
+    test then fans out is its own action's notifications alone."""
+    tenant.refresh_from_db(fields=["audit_seq"])
+    FanOutCursor.objects.update_or_create(tenant=tenant, defaults={"seq": tenant.audit_seq})

@@ -1,28 +1,34 @@
-"""The hook: a committed audit event becomes deliveries and emails for the right events only."""
+"""The fan-out: a committed audit event becomes deliveries and emails for the right events only,
+in the worker's notifications pool (catch_up), never in the process that committed it."""
 
 from __future__ import annotations
 
+import importlib
 import json
+import threading
 from datetime import timedelta
 
 import pytest
-from django.db import transaction
+from django.apps import apps as django_apps
+from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from django_tasks_db.models import DBTaskResult
 
 from approvals.audit import chain as audit
 from approvals.decisions.decide import decide
-from approvals.models import AuditEvent, Role, Ticket
+from approvals.models import AuditEvent, Role, Tenant, Ticket
 from approvals.runs.reaper import reap
 from notifications import fan_out
 from notifications.events import event_for
-from notifications.models import Delivery, DeliveryStatus, Event
-from tests.notifications.conftest import make_endpoint
+from notifications.models import Delivery, DeliveryStatus, EmailDelivery, Event, FanOutCursor
+from tests.notifications.conftest import fan_out_committed, make_endpoint
 from tests.support import TenantFactory, member, paused_run
 
 pytestmark = pytest.mark.django_db
 
 DELIVER_TASK = "notifications.deliveries.deliver_webhook_task"
+EMAILS_TASK = "notifications.emails.deliver_emails_task"
 
 
 def deliveries(endpoint) -> list[tuple[str, str]]:
@@ -78,6 +84,7 @@ def test_fan_out_new_ticket_reaches_active_endpoints_that_want_it_only(
 
     with django_capture_on_commit_callbacks(execute=True):
         paused_run(tenant, requested_by=member(tenant, Role.VIEWER, username="req"))
+    fan_out_committed()
 
     assert deliveries(wants) == [("ticket.created", "ticket.created")]
     assert deliveries(inactive) == []
@@ -95,10 +102,12 @@ def test_fan_out_decision_and_run_completion_reach_the_endpoint(
     endpoint, _ = make_endpoint(tenant, admin)
     with django_capture_on_commit_callbacks(execute=True):
         run = paused_run(tenant, requested_by=member(tenant, Role.VIEWER, username="req"))
+    fan_out_committed()
     ticket = Ticket.objects.get(run=run)
 
     with django_capture_on_commit_callbacks(execute=True):
         decide(ticket, user=member(tenant, Role.APPROVER), approve=False, message="no")
+    fan_out_committed()
 
     # run.paused and run.queued notify no one; the rejection does.
     assert deliveries(endpoint) == [
@@ -116,6 +125,7 @@ def test_fan_out_expiry_sends_ticket_expired_and_run_failed(
 
     with django_capture_on_commit_callbacks(execute=True):
         reap()
+    fan_out_committed()
 
     assert deliveries(endpoint) == [
         ("ticket.expired", "ticket.expired"),
@@ -137,27 +147,50 @@ def test_fan_out_nothing_for_a_rolled_back_transaction(
     ):
         audit.append(tenant_id=tenant.pk, action="ticket.escalated", actor_name="policy")
         raise RuntimeError("rolled back")
+    fan_out_committed()
 
     assert deliveries(endpoint) == []
 
 
-def test_fan_out_a_failing_receiver_never_breaks_the_decision(
+def test_fan_out_that_raises_is_tried_again_then_skipped_and_never_breaks_the_decision(
     tenant, admin, django_capture_on_commit_callbacks, monkeypatch
 ):
-    make_endpoint(tenant, admin)
+    endpoint, _ = make_endpoint(tenant, admin)
     run = paused_run(tenant)
+    fan_out_committed()
+    real = fan_out.fan_out
 
-    def broken(**kwargs):
-        raise RuntimeError("notification store down")
+    def broken(*, audit_event):
+        if audit_event.action == "ticket.approved":
+            raise RuntimeError("notification store down")
+        return real(audit_event=audit_event)
 
     monkeypatch.setattr(fan_out, "fan_out", broken)
     with django_capture_on_commit_callbacks(execute=True):
         ticket = decide(
             Ticket.objects.get(run=run), user=member(tenant, Role.APPROVER), approve=True
         )
+    with transaction.atomic():
+        audit.append(tenant_id=tenant.pk, action="ticket.escalated", actor_name="policy")
 
     assert ticket.status == "approved"
-    assert Delivery.objects.count() == 0
+    approved = AuditEvent.objects.get(tenant=tenant, action="ticket.approved")
+    # Each pass stops at the event that fails, and the events after it wait.
+    for failures in range(1, fan_out.MAX_FAILURES):
+        fan_out_committed()
+        cursor = FanOutCursor.objects.get(tenant=tenant)
+        assert (cursor.seq, cursor.failures) == (approved.seq - 1, failures)
+        assert deliveries(endpoint) == [("ticket.created", "ticket.created")]
+    # The last try gives up on it: skipped with an error, and the tenant's fan-out goes on.
+    fan_out_committed()
+
+    cursor = FanOutCursor.objects.get(tenant=tenant)
+    tenant.refresh_from_db()
+    assert (cursor.seq, cursor.failures) == (tenant.audit_seq, 0)
+    assert deliveries(endpoint) == [
+        ("ticket.created", "ticket.created"),
+        ("ticket.escalated", "ticket.escalated"),
+    ]
 
 
 def test_fan_out_twice_for_one_event_delivers_once(tenant, admin):
@@ -177,6 +210,7 @@ def test_fan_out_without_endpoints_or_email_addresses_enqueues_nothing(
 ):
     with django_capture_on_commit_callbacks(execute=True):
         paused_run(tenant, requested_by=member(tenant, Role.VIEWER))
+    fan_out_committed()
 
     assert DBTaskResult.objects.count() == 0
 
@@ -226,3 +260,229 @@ def test_fan_out_checkpoint_reaches_the_tenants_active_endpoints_that_subscribed
         "url": "http://127.0.0.1:8000/audit/",
     }
     assert DBTaskResult.objects.filter(task_path=DELIVER_TASK).count() == 2
+
+
+# --- the worker's catch-up (catch_up): off the committing process -------------------------------
+
+
+def notification_queries(queries) -> list[str]:
+    return [q["sql"] for q in queries if "notifications_" in q["sql"]]
+
+
+@pytest.mark.parametrize("action", ["pause", "decision"])
+def test_fan_out_costs_the_committing_process_no_query(
+    action, tenant, admin, django_capture_on_commit_callbacks
+):
+    make_endpoint(tenant, admin)
+    requester = member(tenant, Role.VIEWER, username="req")
+    approver = member(tenant, Role.APPROVER, username="ann")
+    for user in (requester, approver):
+        user.email = f"{user.username}@example.com"
+        user.save()
+    ticket = None if action == "pause" else Ticket.objects.get(run=paused_run(tenant))
+
+    with (
+        CaptureQueriesContext(connection) as queries,
+        django_capture_on_commit_callbacks(execute=True) as hooks,
+    ):
+        if ticket is None:
+            paused_run(tenant, requested_by=requester)
+        else:
+            decide(ticket, user=approver, approve=False, message="no")
+        committed = len(queries.captured_queries)
+
+    # Neither the transaction nor its after-commit hooks read or write a notification.
+    assert hooks  # the hooks ran (audit signal, live hints) ...
+    assert queries.captured_queries[committed:] == []  # ... and issued no query at all
+    assert notification_queries(queries.captured_queries) == []
+    assert Delivery.objects.count() == EmailDelivery.objects.count() == 0
+    # The worker's pass fans it out.
+    fan_out_committed()
+    told = "ticket.created" if ticket is None else "ticket.rejected"
+    assert Delivery.objects.filter(audit_event__action=told).count() == 1
+
+
+def test_fan_out_catch_up_reads_each_tenants_events_in_order_and_moves_its_cursor(tenant, admin):
+    endpoint, _ = make_endpoint(tenant, admin)
+    globex = TenantFactory(slug="globex")
+    foreign, _ = make_endpoint(globex, member(globex, Role.ADMIN), events=[Event.TICKET_ESCALATED])
+    fan_out_committed()  # the set-up's own events (webhook.created)
+    for each in (tenant, globex, tenant):
+        with transaction.atomic():
+            audit.append(tenant_id=each.pk, action="ticket.escalated", actor_name="policy")
+
+    assert fan_out_committed() == 3
+
+    assert deliveries(endpoint) == [("ticket.escalated", "ticket.escalated")] * 2
+    assert deliveries(foreign) == [("ticket.escalated", "ticket.escalated")]
+    heads = sorted(Tenant.objects.values_list("slug", "audit_seq"))
+    assert sorted(FanOutCursor.objects.values_list("tenant__slug", "seq")) == heads
+    # Nothing new: the next pass reads the tenants behind (none) and nothing else.
+    assert fan_out_committed() == 0
+    assert Delivery.objects.count() == 3
+
+
+def test_fan_out_catch_up_idle_costs_one_query(tenant, admin, django_assert_num_queries):
+    make_endpoint(tenant, admin)
+    with transaction.atomic():
+        audit.append(tenant_id=tenant.pk, action="ticket.escalated", actor_name="policy")
+    fan_out_committed()
+
+    with django_assert_num_queries(1):
+        assert fan_out_committed() == 0
+
+
+def test_fan_out_a_rolled_back_event_is_never_fanned_out_even_when_its_seq_is_reused(tenant, admin):
+    endpoint, _ = make_endpoint(tenant, admin)
+    with pytest.raises(RuntimeError), transaction.atomic():
+        ghost = audit.append(tenant_id=tenant.pk, action="ticket.escalated", actor_name="ghost")
+        raise RuntimeError("rolled back")
+    with transaction.atomic():
+        real = audit.append(tenant_id=tenant.pk, action="ticket.escalated", actor_name="policy")
+
+    fan_out_committed()
+
+    assert real.seq == ghost.seq
+    (delivery,) = Delivery.objects.filter(endpoint=endpoint)
+    assert delivery.audit_event_id == real.pk
+    assert json.loads(delivery.payload)["actor"] == "policy"
+
+
+def test_fan_out_catch_up_after_a_crash_mid_way_resumes_from_its_cursor(tenant, admin, monkeypatch):
+    endpoint, _ = make_endpoint(tenant, admin, events=[Event.TICKET_ESCALATED])
+    fan_out_committed()
+    start = FanOutCursor.objects.get(tenant=tenant).seq
+    with transaction.atomic():
+        events = [
+            audit.append(tenant_id=tenant.pk, action="ticket.escalated", actor_name=f"p{n}")
+            for n in range(3)
+        ]
+    real = fan_out.fan_out
+    done = []
+
+    def dies_at_the_second(*, audit_event):
+        if len(done) == 1:
+            raise KeyboardInterrupt("the worker was killed")  # not an Exception: nothing catches it
+        done.append(audit_event.pk)
+        return real(audit_event=audit_event)
+
+    monkeypatch.setattr(fan_out, "fan_out", dies_at_the_second)
+    with pytest.raises(KeyboardInterrupt):
+        fan_out_committed()
+    # The crash left the cursor where it was.
+    assert FanOutCursor.objects.get(tenant=tenant).seq == start
+    assert deliveries(endpoint) == [("ticket.escalated", "ticket.escalated")]
+    monkeypatch.setattr(fan_out, "fan_out", real)
+
+    assert fan_out_committed() == 3
+
+    # The first event, fanned out before the crash, is not sent twice.
+    assert list(
+        Delivery.objects.filter(endpoint=endpoint).order_by("pk").values_list("audit_event_id")
+    ) == [(e.pk,) for e in events]
+    assert DBTaskResult.objects.filter(task_path=DELIVER_TASK).count() == 3
+    assert FanOutCursor.objects.get(tenant=tenant).seq == events[-1].seq
+
+
+def test_fan_out_catch_up_that_lost_the_race_keeps_the_winners_cursor(tenant, admin, monkeypatch):
+    """One pass reads the cursor, another pass fans the same events out and moves the cursor
+    on meanwhile: the first fans out nothing twice and never moves the cursor back."""
+    endpoint, _ = make_endpoint(tenant, admin)
+    fan_out_committed()
+    with transaction.atomic():
+        first = audit.append(tenant_id=tenant.pk, action="ticket.escalated", actor_name="a")
+    real = fan_out.fan_out
+    raced = []
+
+    def overtaken(*, audit_event):
+        if not raced:
+            raced.append(True)
+            # The other worker's whole pass, and then one more event, while this one is here.
+            assert fan_out.catch_up() == 1
+            with transaction.atomic():
+                audit.append(tenant_id=tenant.pk, action="ticket.escalated", actor_name="b")
+            assert fan_out.catch_up() == 1
+        return real(audit_event=audit_event)
+
+    monkeypatch.setattr(fan_out, "fan_out", overtaken)
+    fan_out.catch_up()
+
+    assert deliveries(endpoint) == [("ticket.escalated", "ticket.escalated")] * 2
+    assert Delivery.objects.filter(audit_event_id=first.pk).count() == 1
+    assert DBTaskResult.objects.filter(task_path=DELIVER_TASK).count() == 2
+    assert FanOutCursor.objects.get(tenant=tenant).seq == first.seq + 1
+
+
+def test_fan_out_cursors_made_by_the_migration_start_at_the_chains_head(tenant, admin):
+    """Existing tenants are not back-filled on deploy: their history was fanned out by the code
+    that wrote it. A tenant made later has no cursor, and is read from its first event."""
+    endpoint, _ = make_endpoint(tenant, admin)
+    with transaction.atomic():
+        audit.append(tenant_id=tenant.pk, action="ticket.escalated", actor_name="old")
+    migration = importlib.import_module("notifications.migrations.0005_fan_out_cursor")
+    migration.start_at_the_heads(django_apps, None)
+    newcomer = TenantFactory(slug="newcomer")
+    fresh, _ = make_endpoint(newcomer, member(newcomer, Role.ADMIN))
+    for each in (tenant, newcomer):
+        with transaction.atomic():
+            audit.append(tenant_id=each.pk, action="ticket.escalated", actor_name="new")
+
+    fan_out_committed()
+
+    assert [json.loads(d.payload)["actor"] for d in Delivery.objects.filter(endpoint=endpoint)] == [
+        "new"
+    ]
+    assert [json.loads(d.payload)["actor"] for d in Delivery.objects.filter(endpoint=fresh)] == [
+        "new"
+    ]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_fan_out_two_catch_ups_at_once_fan_out_once():
+    """Two workers' passes read the same cursor and fan out the same events at the same time:
+    one delivery per endpoint and event, one email per recipient, one task for each."""
+    tenant = TenantFactory(slug="acme")
+    admin = member(tenant, Role.ADMIN, username="boss")
+    admin.email = "boss@example.com"
+    admin.save()
+    endpoint, _ = make_endpoint(tenant, admin)
+    fan_out.catch_up()
+    with transaction.atomic():
+        for _ in range(3):
+            audit.append(tenant_id=tenant.pk, action="ticket.escalated", actor_name="policy")
+    real = fan_out.fan_out
+    both_read = threading.Barrier(2, timeout=30)
+    local = threading.local()
+    errors = []
+
+    def racing(*, audit_event):
+        if audit_event.actor_name == "policy" and not hasattr(local, "waited"):
+            local.waited = True
+            both_read.wait()  # each pass has read the cursor and the events before any writes
+        return real(audit_event=audit_event)
+
+    def worker():
+        try:
+            fan_out.catch_up()
+        except Exception as error:  # reported below, in the test's thread
+            errors.append(error)
+        finally:
+            connection.close()
+
+    fan_out.fan_out = racing
+    try:
+        threads = [threading.Thread(target=worker) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+    finally:
+        fan_out.fan_out = real
+
+    assert errors == []
+    assert Delivery.objects.filter(endpoint=endpoint).count() == 3
+    assert EmailDelivery.objects.filter(recipient="boss@example.com").count() == 3
+    assert DBTaskResult.objects.filter(task_path=DELIVER_TASK).count() == 3
+    assert DBTaskResult.objects.filter(task_path=EMAILS_TASK).count() == 3
+    tenant.refresh_from_db()
+    assert FanOutCursor.objects.get(tenant=tenant).seq == tenant.audit_seq

@@ -1,13 +1,23 @@
-"""The console's worker: django-tasks-db's db_worker, woken by NOTIFY, plus the reaper.
+"""The console's worker: two pools in one process, plus the reaper.
 
-It serves the default queue: resume tasks and the notifications' webhook and email tasks. Each
-reaper pass also sends signals.worker_housekeeping, so the apps that listen to approvals
-(notifications: lost deliveries) do their own housekeeping without approvals knowing them.
+The resume pool is django-tasks-db's db_worker on the default queue (resume and start tasks),
+in the main thread; on PostgreSQL it LISTENs for the NOTIFY that each enqueue sends on commit,
+so an approved run starts at once instead of at the next poll (polling stays as the fallback).
 
-db_worker polls on a timer and has no lease: a worker killed mid-task leaves its task RUNNING
-forever. So every worker process also runs the reaper (they are safe together), and on
-PostgreSQL it LISTENs for the NOTIFY that each enqueue sends on commit, so an approved run
-starts at once instead of at the next poll. Polling stays as the fallback.
+The notifications pool (--notification-threads threads, 1 by default) serves the notifications
+queue (queue.SIDE_QUEUE: webhook and email deliveries), so a receiver or an SMTP server that
+hangs holds up only that pool, never a resume. Before each claim it sends signals.audit_tail:
+notifications fans out the audit events committed since its last look, here rather than in
+the request or the resume that committed them. It polls every --notifications-interval
+seconds (woken early on PostgreSQL by a NOTIFY on its own channel) and at once while it has
+work.
+
+db_worker has no lease: a worker killed mid-task leaves its task RUNNING forever. So every
+worker process also runs the reaper (they are safe together): each pass records this
+process's heartbeat, settles the RUNNING task rows of workers not seen for a few lease lengths
+(approvals.execution.workers), reaps runs, and sends signals.worker_housekeeping, so the apps
+that listen to approvals (notifications: lost deliveries) do their own housekeeping without
+approvals knowing them.
 """
 
 from __future__ import annotations
@@ -20,19 +30,32 @@ import psycopg
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
-from django.db import connection
+from django.db import close_old_connections, connection
+from django.db.utils import OperationalError
+from django.utils.crypto import get_random_string
+from django_tasks_db.compat import DEFAULT_TASK_BACKEND_ALIAS
 from django_tasks_db.management.commands import db_worker
+from django_tasks_db.models import DBTaskResult
+from django_tasks_db.utils import exclusive_transaction, is_locked_database_exception
 
 from approvals import signals
-from approvals.execution import queue
+from approvals.execution import queue, workers
 from approvals.runs import reaper
 
 logger = logging.getLogger("approvals.worker")
 
 
-def _reaper_loop(interval: float, stop: threading.Event) -> None:
+def _reaper_loop(interval: float, stop: threading.Event, worker_ids: list[str]) -> None:
     while not stop.wait(interval):
         try:
+            workers.beat(worker_ids)
+            settled = workers.settle_abandoned_tasks()
+            if settled:
+                logger.warning(
+                    "reaper: settled %s task rows left running by stopped workers: %s",
+                    len(settled),
+                    ", ".join(settled),
+                )
             report = reaper.reap()
             if any(vars(report).values()):
                 logger.info(
@@ -58,9 +81,10 @@ def _reaper_loop(interval: float, stop: threading.Event) -> None:
 
 
 class Listener:
-    """Waits for a NOTIFY on the wake channel, or the poll interval, whichever comes first."""
+    """Waits for a NOTIFY on its wake channel, or the poll interval, whichever comes first."""
 
-    def __init__(self) -> None:
+    def __init__(self, channel: str = queue.WAKE_CHANNEL) -> None:
+        self.channel = channel
         self.conn = None
 
     def _connect(self):
@@ -68,7 +92,7 @@ class Listener:
         params.pop("cursor_factory", None)
         params.pop("context", None)
         conn = psycopg.connect(**params, autocommit=True)
-        conn.execute(f"LISTEN {queue.WAKE_CHANNEL}")
+        conn.execute(f"LISTEN {self.channel}")
         return conn
 
     def wait(self, seconds: float) -> None:
@@ -96,15 +120,105 @@ class _WakingClock:
         return getattr(time, name)
 
 
+class NotificationsPool:
+    """One thread of the notifications pool: the fan-out's catch-up, then one task of its queue.
+
+    It drives django-tasks-db's Worker for running a task (its result, its signals) but loops
+    itself, so that the fan-out runs before every claim and its sleep is its own, not the
+    resume pool's.
+    """
+
+    def __init__(self, *, worker_id: str, interval: float, stop: threading.Event, listen: bool):
+        self.worker = db_worker.Worker(
+            queue_names=[queue.SIDE_QUEUE],
+            interval=interval,
+            batch=False,
+            backend_name=DEFAULT_TASK_BACKEND_ALIAS,
+            startup_delay=False,
+            max_tasks=None,
+            worker_id=worker_id,
+            excluded_queue_names=[],
+        )
+        self.interval = interval
+        self.stop = stop
+        self.listener = Listener(queue.SIDE_WAKE_CHANNEL) if listen else None
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                busy = self.step()
+            except Exception:
+                logger.exception("notifications pool: pass failed; trying again next time")
+                busy = False
+            finally:
+                close_old_connections()
+            if not busy:
+                self.wait()
+        connection.close()
+
+    def step(self) -> bool:
+        """One pass: the fan-out catches up, then one task runs. Whether there was work."""
+        busy = False
+        for receiver, said in signals.audit_tail.send_robust(sender=None):
+            if isinstance(said, Exception):
+                logger.error("audit tail by %r failed", receiver, exc_info=said)
+            elif said:
+                busy = True
+        task_result = self._claim()
+        if task_result is not None:
+            self.worker.run_task(task_result)
+            busy = True
+        return busy
+
+    def _claim(self) -> DBTaskResult | None:
+        # As db_worker's own loop claims: SKIP LOCKED, the row RUNNING under this pool's id.
+        tasks = DBTaskResult.objects.ready().filter(
+            backend_name=self.worker.backend_name, queue_name__in=self.worker.queue_names
+        )
+        with exclusive_transaction(tasks.db):
+            try:
+                task_result = tasks.get_locked()
+                if task_result is not None:
+                    task_result.claim(self.worker.worker_id)
+            except OperationalError as error:
+                if not is_locked_database_exception(error):
+                    raise
+                task_result = None
+        return task_result
+
+    def wait(self) -> None:
+        if self.listener is not None:
+            self.listener.wait(self.interval)
+        else:
+            self.stop.wait(self.interval)
+
+
 class Command(BaseCommand):
-    help = "Run resume tasks (db_worker, woken by NOTIFY on PostgreSQL) with the reaper."
+    help = (
+        "Run resume tasks (db_worker, woken by NOTIFY on PostgreSQL), the notifications pool "
+        "(fan-out and deliveries, in their own threads) and the reaper."
+    )
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("--interval", type=float, default=1.0, help="seconds between polls")
         parser.add_argument("--worker-id", default=None)
-        parser.add_argument("--max-tasks", type=int, default=None)
+        parser.add_argument(
+            "--max-tasks", type=int, default=None, help="exit after this many resume tasks"
+        )
         parser.add_argument(
             "--no-listen", action="store_true", help="poll only, even on PostgreSQL"
+        )
+        parser.add_argument(
+            "--notification-threads",
+            type=int,
+            default=1,
+            help="threads of the notifications pool (fan-out, webhooks, emails); 0 for none",
+        )
+        parser.add_argument(
+            "--notifications-interval",
+            type=float,
+            default=0.25,
+            help="seconds between the notifications pool's polls when it is idle",
         )
 
     def handle(
@@ -114,23 +228,56 @@ class Command(BaseCommand):
         worker_id: str | None,
         max_tasks: int | None,
         no_listen: bool,
+        notification_threads: int,
+        notifications_interval: float,
         **options,
     ) -> None:
+        worker_id = worker_id or get_random_string(32)
+        listen = connection.vendor == "postgresql" and not no_listen
         stop = threading.Event()
-        reaper = threading.Thread(
-            target=_reaper_loop,
-            args=(settings.APPROVALS_REAPER_INTERVAL_SECONDS, stop),
-            name="reaper",
-            daemon=True,
-        )
-        reaper.start()
-        if connection.vendor == "postgresql" and not no_listen:
+        pools = [
+            NotificationsPool(
+                worker_id=f"{worker_id}/notifications-{n}",
+                interval=notifications_interval,
+                stop=stop,
+                listen=listen,
+            )
+            for n in range(1, notification_threads + 1)
+        ]
+        # Seen before the first task is claimed, so no other reaper takes this one for dead.
+        worker_ids = [worker_id, *(pool.worker.worker_id for pool in pools)]
+        workers.beat(worker_ids)
+        connection.close()
+        threads = [
+            threading.Thread(
+                target=_reaper_loop,
+                args=(settings.APPROVALS_REAPER_INTERVAL_SECONDS, stop, worker_ids),
+                name="reaper",
+                daemon=True,
+            ),
+            *(
+                threading.Thread(target=pool.run, name=f"notifications-{n}", daemon=True)
+                for n, pool in enumerate(pools, start=1)
+            ),
+        ]
+        for thread in threads:
+            thread.start()
+        if listen:
             db_worker.time = _WakingClock(Listener())
-        extra = {"worker_id": worker_id} if worker_id else {}
-        if max_tasks:
-            extra["max_tasks"] = max_tasks
+        extra = {"max_tasks": max_tasks} if max_tasks else {}
         try:
             # No autoreload: a reloaded worker would leave its task RUNNING mid-resume.
-            call_command("db_worker", interval=interval, reload=False, startup_delay=False, **extra)
+            call_command(
+                "db_worker",
+                interval=interval,
+                reload=False,
+                startup_delay=False,
+                worker_id=worker_id,
+                **extra,
+            )
         finally:
             stop.set()
+            # A delivery still waiting on its receiver is not waited for: its row is settled by
+            # a reaper, and the delivery's own housekeeping sends it again.
+            for thread in threads[1:]:
+                thread.join(timeout=2)

@@ -1,0 +1,88 @@
+"""The workers' heartbeats, and the task rows a stopped worker left RUNNING.
+
+django-tasks-db has no lease: a worker killed mid-task leaves the task's row RUNNING for ever.
+The work itself is not lost (a run's lease lapses and the reaper queues it again; a delivery
+the notifications' housekeeping finds overdue gets a new task), only the row is. So each worker
+records its ids on every reaper pass (beat), and the reaper settles the RUNNING rows of the
+workers nobody has seen for STALE_LEASES lease lengths (settle_abandoned_tasks).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.utils import timezone
+from django_tasks_db.compat import TaskResultStatus
+from django_tasks_db.models import DBTaskResult
+
+from approvals.models import WorkerHeartbeat
+
+# A worker not seen for this many lease lengths (or reaper intervals, if longer) has stopped.
+STALE_LEASES = 3
+# Heartbeats of workers gone this long are forgotten (their rows were settled long before).
+FORGET_AFTER = timedelta(days=1)
+
+
+def stale_after() -> timedelta:
+    """How long a worker may go unseen before its RUNNING task rows are settled."""
+    return STALE_LEASES * timedelta(
+        seconds=max(settings.APPROVALS_LEASE_SECONDS, settings.APPROVALS_REAPER_INTERVAL_SECONDS)
+    )
+
+
+def beat(worker_ids: Iterable[str], *, now: datetime | None = None) -> None:
+    """Record that these workers (the pools of one process) are alive.
+
+    Side effects: one WorkerHeartbeat row per id, its last_seen set to now (created when new).
+    """
+    now = now or timezone.now()
+    rows = [WorkerHeartbeat(worker_id=worker_id, last_seen=now) for worker_id in worker_ids]
+    WorkerHeartbeat.objects.bulk_create(
+        rows, update_conflicts=True, unique_fields=["worker_id"], update_fields=["last_seen"]
+    )
+
+
+def settle_abandoned_tasks(*, now: datetime | None = None) -> list[str]:
+    """Mark FAILED the RUNNING task rows whose worker stopped, and say which.
+
+    A row's worker is the last id in its worker_ids. It has stopped when its heartbeat is
+    older than stale_after(), or when it never had one and the row started longer ago than
+    that (a worker killed before its first beat, or one of a version without heartbeats).
+    A live worker's rows, however long they run, are left alone.
+
+    Side effects: each such row FAILED (compare-and-set on RUNNING and its started_at, so a row
+    claimed again meanwhile is left alone) with finished_at now and an exception text naming
+    the worker; heartbeats not seen for FORGET_AFTER are deleted. Returns the settled row ids.
+    """
+    now = now or timezone.now()
+    cutoff = now - stale_after()
+    seen = dict(WorkerHeartbeat.objects.values_list("worker_id", "last_seen"))
+    settled = []
+    running = DBTaskResult.objects.filter(status=TaskResultStatus.RUNNING).only(
+        "id", "worker_ids", "started_at", "task_path"
+    )
+    for row in running:
+        worker_id = row.worker_ids[-1] if row.worker_ids else ""
+        last_seen = seen.get(worker_id)
+        if (last_seen or row.started_at or now) >= cutoff:
+            continue
+        when = f"last seen {last_seen:%Y-%m-%d %H:%M:%S} UTC" if last_seen else "never seen"
+        moved = DBTaskResult.objects.filter(
+            pk=row.pk, status=TaskResultStatus.RUNNING, started_at=row.started_at
+        ).update(
+            status=TaskResultStatus.FAILED,
+            finished_at=now,
+            return_value=None,
+            exception_class_path="approvals.execution.workers.WorkerStopped",
+            traceback=(
+                f"worker {worker_id or '(unknown)'} stopped ({when}) while running this task; "
+                "the reaper settled it. The work is recovered on its own: a run's lease lapses "
+                "and the run is queued again, a delivery's housekeeping gives it a new task."
+            ),
+        )
+        if moved:
+            settled.append(str(row.pk))
+    WorkerHeartbeat.objects.filter(last_seen__lt=now - FORGET_AFTER).delete()
+    return settled

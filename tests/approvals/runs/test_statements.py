@@ -1,0 +1,58 @@
+"""How many statements the worker's resume and a pause send: pinned, so that they cannot creep
+back (docs/PERFORMANCE.md). Counted on every thread: the tools' ledger writes too."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+
+from approvals.decisions.decide import decide
+from approvals.models import Role, RunStatus, Ticket
+from approvals.runs.pause import pause_run
+from approvals.runs.resume import resume
+from devtools.bench import queries
+from tests.support import TenantFactory, member, paused_run, run_agent
+
+# The resume runs the agent's tools in another thread, so the data must be committed.
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _decided(tenant):
+    run = paused_run(tenant, requested_by=member(tenant, Role.VIEWER, "req"))
+    decide(Ticket.objects.get(run=run), user=member(tenant, Role.APPROVER, "ann"), approve=True)
+    return run
+
+
+def test_statements_of_a_resume_that_completes():
+    tenant = TenantFactory(slug="acme")
+    # The first resume of the process reads what later ones find cached.
+    resume(run_id=_decided(tenant).pk, worker_id="w")
+    run = _decided(tenant)
+
+    with queries.counting() as counts:
+        outcome = resume(run_id=run.pk, worker_id="w")
+
+    assert outcome.status == RunStatus.COMPLETED
+    # The worker: the claim (its UPDATE ... RETURNING and its audit event), the tickets, their
+    # votes and the memberships behind them, the outcome (the run, its pending tickets, its
+    # audit event). The tool: the ledger's claim, its confirmation and its audit event.
+    # On SQLite each transaction is a BEGIN IMMEDIATE statement and an append is three.
+    expected = {"postgresql": (10, 4), "sqlite": (14, 6)}[connection.vendor]
+    assert (counts["main"], counts["other"]) == expected, counts.log
+
+
+def test_statements_of_a_pause():
+    tenant = TenantFactory(slug="acme")
+    requester = member(tenant, Role.VIEWER, "req")
+    result = run_agent("release", "Deploy release 2026.07.24 to production")
+    pause_run(result, tenant=tenant, agent_key="release", agent_version="1", requested_by=requester)
+
+    with queries.counting() as counts:
+        pause_run(
+            result, tenant=tenant, agent_key="release", agent_version="1", requested_by=requester
+        )
+
+    # The run (created, then sealed and paused), its audit event (the tenant's lock, then the
+    # event and the head in one statement on PostgreSQL), the policy, the ticket, its event.
+    expected = {"postgresql": 7, "sqlite": 11}[connection.vendor]
+    assert counts["main"] + counts["other"] == expected, counts.log

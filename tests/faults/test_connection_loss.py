@@ -310,9 +310,13 @@ def test_only_the_tools_connection_cut_after_the_effect_parks_the_run_in_needs_a
         what="the worker to reach the effect",
     )
     assert dying.popen.poll() is None, dying.tail()
-    # The tool's thread claimed the key in a transaction of its own connection, whose last
-    # statement is that COMMIT; the worker's main connection last read a membership.
-    tool_backends = [pid for pid, _, _, query in backends(victim) if query == "COMMIT"]
+    # The tool's thread claimed the key with one INSERT on a connection of its own, which
+    # committed on its own; the worker's main connection last read a membership.
+    tool_backends = [
+        pid
+        for pid, _, _, query in backends(victim)
+        if query.startswith('INSERT INTO "approvals_idempotencyrecord"')
+    ]
     assert len(tool_backends) == 1, backends(victim)
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_terminate_backend(%s)", tool_backends)

@@ -20,7 +20,7 @@ from tests.browser.test_console import (
     _wait_live,
     expect,
 )
-from tests.notifications.conftest import make_endpoint
+from tests.notifications.conftest import fan_out_committed, make_endpoint
 from tests.support import TenantFactory, member
 
 pytestmark = [
@@ -48,9 +48,11 @@ def _in_thread(work):
 
 
 def _fail_a_run(tenant) -> Delivery:
-    # The commit fans the event out (notifications.receivers): one delivery for the webhook.
+    # The worker's notifications pool fans the committed event out: one delivery for the
+    # webhook.
     with transaction.atomic():
         event = audit.append(tenant_id=tenant.pk, action="run.failed", actor_name="worker")
+    fan_out_committed()
     return Delivery.objects.get(audit_event_id=event.pk)
 
 

@@ -16,7 +16,8 @@ class SilentReceiver:
         self._server = socket.create_server(("127.0.0.1", 0), backlog=512)
         self._held: list[socket.socket] = []
         self._lock = threading.Lock()
-        self.url = f"http://127.0.0.1:{self._server.getsockname()[1]}/hook"
+        self.port = self._server.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}/hook"
         threading.Thread(target=self._accept, name="silent-receiver", daemon=True).start()
 
     def _accept(self) -> None:

@@ -3,8 +3,6 @@ answers holds up no resume, and the fan-out happens in the worker, not where eve
 
 from __future__ import annotations
 
-import socket
-import threading
 from datetime import timedelta
 
 import pytest
@@ -16,6 +14,7 @@ from approvals.decisions.decide import decide
 from approvals.execution.queue import SIDE_QUEUE, resume_run_task
 from approvals.models import Role, Run, RunStatus, Ticket, WorkerHeartbeat
 from devtools import demo
+from devtools.bench.silent import SilentReceiver
 from notifications.models import Delivery, EmailDelivery
 from tests.conftest import subprocess_env
 from tests.notifications.conftest import fan_out_committed, make_endpoint
@@ -24,34 +23,10 @@ from tests.support import TenantFactory, member, paused_run, wait_until
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 
-class Silent:
-    """A TCP server on loopback that accepts every connection and never sends a byte."""
-
-    def __init__(self) -> None:
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        self.accepted: list[socket.socket] = []
-        self.thread = threading.Thread(target=self._accept, daemon=True)
-        self.thread.start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.accepted.append(conn)
-
-    def close(self) -> None:
-        self.sock.close()
-        for conn in self.accepted:
-            conn.close()
-        self.thread.join(5)
-
-
 @pytest.fixture
 def silent():
-    server = Silent()
+    """A TCP server on loopback that accepts every connection and never sends a byte."""
+    server = SilentReceiver()
     yield server
     server.close()
 
@@ -97,7 +72,7 @@ def test_worker_resumes_while_its_notifications_hang_on_a_silent_server(manage_p
             EMAIL_TIMEOUT="60",
         ),
     )
-    wait_until(lambda: silent.accepted, timeout=60, what="a delivery to reach the silent server")
+    wait_until(lambda: silent.connections, timeout=60, what="a delivery to reach the silent server")
     wait_until(
         lambda: Run.objects.filter(pk=run.pk, status=RunStatus.COMPLETED).exists(),
         timeout=60,

@@ -94,9 +94,13 @@ def _wake() -> None:
 def decision_words(tickets) -> list[str]:
     """The decisions a resume ran with, as its log line says them: "tool status by user"."""
     return [
-        f"{t.tool_name} {t.status}" + (f" by {t.decided_by.get_username()}" if t.decided_by else "")
+        _decision(t.tool_name, t.status, t.decided_by.get_username() if t.decided_by else "")
         for t in tickets
     ]
+
+
+def _decision(tool: str, status: str, by: str | None) -> str:
+    return f"{tool} {status}" + (f" by {by}" if by else "")
 
 
 def _log_resumed(resumed: Resumed) -> None:
@@ -108,7 +112,7 @@ def _log_resumed(resumed: Resumed) -> None:
     decisions = getattr(resumed, "decisions", None)
     if decisions is None:
         decisions = [
-            f"{tool} {status}" + (f" by {by}" if by else "")
+            _decision(tool, status, by)
             for tool, status, by in Ticket.objects.filter(
                 run_id=resumed.run_id,
                 generation=Run.objects.filter(pk=resumed.run_id).values("state_generation")[:1],

@@ -281,6 +281,15 @@ def socket(*headers: tuple[bytes, bytes]) -> WebsocketCommunicator:
     return WebsocketCommunicator(application, SOCKET_PATH, headers=list(headers))
 
 
+async def decision_hints(communicator) -> dict[str, str]:
+    """The two hints of one decision, by kind: the hints of one commit go out together and may
+    arrive in either order (hints.batched)."""
+    heard = [await communicator.receive_from(timeout=5) for _ in range(2)]
+    by_kind = {re.search(r'data-kind="([^"]+)"', hint).group(1): hint for hint in heard}
+    assert sorted(by_kind) == ["run.changed", "ticket.decided"], heard
+    return by_kind
+
+
 # --- settings read in a child process -----------------------------------------------------------
 
 # Variables the settings read; a test that starts a process with its own values leaves the

@@ -19,6 +19,7 @@ from tests.support import (
     ORIGIN,
     SOCKET_PATH,
     TenantFactory,
+    decision_hints,
     member,
     pending_ticket,
     session_cookie,
@@ -106,14 +107,12 @@ def test_consumer_hints_a_member_about_its_tenants_decision():
         assert connected
         try:
             await database_sync_to_async(approve)(ticket, approver)
-            return [
-                await communicator.receive_from(timeout=5),
-                await communicator.receive_from(timeout=5),
-            ]
+            return await decision_hints(communicator)
         finally:
             await communicator.disconnect()
 
-    decided, queued = async_to_sync(scenario)()
+    heard = async_to_sync(scenario)()
+    decided, queued = heard["ticket.decided"], heard["run.changed"]
 
     assert decided == (
         '<div id="live-hint" class="visually-hidden" aria-live="polite" hx-swap-oob="true" '
@@ -141,22 +140,21 @@ def test_consumer_sends_nothing_about_another_tenant():
         try:
             await database_sync_to_async(approve)(their_ticket, their_approver)
             quiet = await communicator.receive_nothing(timeout=0.5)
-            # Then one of our own: the first hint to arrive must be about it.
+            # Then one of our own: the next hints to arrive must be about it.
             await database_sync_to_async(approve)(my_ticket, my_approver)
-            first = await communicator.receive_from(timeout=5)
-            second = await communicator.receive_from(timeout=5)
+            heard = await decision_hints(communicator)
             quiet_after = await communicator.receive_nothing(timeout=0.3)
-            return quiet, first, second, quiet_after
+            return quiet, heard, quiet_after
         finally:
             await communicator.disconnect()
 
-    quiet, first, second, quiet_after = async_to_sync(scenario)()
+    quiet, heard, quiet_after = async_to_sync(scenario)()
 
     assert quiet is True
-    assert f'data-ticket="{my_ticket.pk}"' in first
-    assert f'data-run="{my_ticket.run_id}"' in second
+    assert f'data-ticket="{my_ticket.pk}"' in heard["ticket.decided"]
+    assert f'data-run="{my_ticket.run_id}"' in heard["run.changed"]
     assert quiet_after is True
-    assert f"Ticket #{their_ticket.pk} " not in first + second
+    assert f"Ticket #{their_ticket.pk} " not in "".join(heard.values())
 
 
 @pytest.mark.django_db(transaction=True)
@@ -205,24 +203,25 @@ def test_consumer_stops_hearing_a_tenant_as_soon_as_the_membership_is_deleted():
         assert connected
         try:
             await database_sync_to_async(approve)(before, approver)
-            heard = [await communicator.receive_from(timeout=5) for _ in ("decided", "queued")]
+            heard = await decision_hints(communicator)
             await database_sync_to_async(
                 lambda: Membership.objects.filter(user=user, tenant=left).delete()
             )()
             await database_sync_to_async(approve)(after, approver)
             quiet = await communicator.receive_nothing(timeout=0.5)
             await database_sync_to_async(approve)(kept_ticket, kept_approver)
-            still = await communicator.receive_from(timeout=5)
+            still = await decision_hints(communicator)
             return heard, quiet, still
         finally:
             await communicator.disconnect()
 
     heard, quiet, still = async_to_sync(scenario)()
 
-    assert f'data-ticket="{before.pk}"' in heard[0]
-    assert f'data-run="{before.run_id}"' in heard[1]
+    assert f'data-ticket="{before.pk}"' in heard["ticket.decided"]
+    assert f'data-run="{before.run_id}"' in heard["run.changed"]
     assert quiet is True
-    assert f'data-ticket="{kept_ticket.pk}"' in still
+    assert f'data-ticket="{kept_ticket.pk}"' in still["ticket.decided"]
+    assert f'data-run="{kept_ticket.run_id}"' in still["run.changed"]
 
 
 def delivery_changed(tenant) -> None:
@@ -256,7 +255,7 @@ def test_consumer_stops_hearing_the_admins_hints_once_the_admin_is_downgraded():
             await database_sync_to_async(delivery_changed)(tenant)
             quiet = await communicator.receive_nothing(timeout=0.5)
             await database_sync_to_async(approve)(ticket, approver)
-            still = await communicator.receive_from(timeout=5)
+            still = await decision_hints(communicator)
             return heard, quiet, still
         finally:
             await communicator.disconnect()
@@ -265,4 +264,4 @@ def test_consumer_stops_hearing_the_admins_hints_once_the_admin_is_downgraded():
 
     assert 'data-kind="delivery.changed"' in heard
     assert quiet is True
-    assert f'data-ticket="{ticket.pk}"' in still
+    assert f'data-ticket="{ticket.pk}"' in still["ticket.decided"]

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 
-from django.db import transaction
+from django.db import DatabaseError, connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
@@ -34,6 +36,9 @@ MAX_FAILURES = 5
 
 logger = logging.getLogger("notifications")
 
+# PostgreSQL's key of a tenant's fan-out lock: "FAN" in the high bytes, the tenant's id below.
+_LOCK_SPACE = 0x46414E << 40
+
 
 def catch_up(*, limit: int = 100) -> int:
     """Fan out the audit events committed since the last pass, each tenant's in seq order.
@@ -43,8 +48,10 @@ def catch_up(*, limit: int = 100) -> int:
     still to come. A rolled-back event is never seen. Safe with several workers at once: the
     fan-out is idempotent per endpoint and event (emails per recipient and event), and the
     cursor only moves by compare-and-set from the seq this pass read, so a second pass over
-    the same events fans out nothing twice and cannot move a cursor back. A pass that stops
-    half-way (a crash, an error) leaves the cursor at the last event it fanned out.
+    the same events fans out nothing twice and cannot move a cursor back. On PostgreSQL, one
+    pass at a time fans a tenant out (_tenant_pass): another worker's pass passes the tenant by
+    rather than do the same work again beside it. A pass that stops half-way (a crash, an
+    error) leaves the cursor at the last event it fanned out.
 
     Side effects: fan_out's, for at most `limit` events of each tenant behind; creates a
     tenant's cursor at its first pass (from seq 0: the cursors of the tenants that existed
@@ -63,7 +70,45 @@ def catch_up(*, limit: int = 100) -> int:
     )
 
 
+@contextmanager
+def _tenant_pass(tenant_id: int) -> Iterator[bool]:
+    """Whether this pass may fan the tenant out now.
+
+    On PostgreSQL, a session advisory lock on the tenant, tried without waiting: False while
+    another pass (another worker's pool) holds it, since that pass is fanning out these very
+    events. The lock belongs to the connection, so a killed worker's goes with its connection.
+    SQLite has one writer at a time and no such lock: every pass goes on, and the fan-out's
+    idempotence and the cursor's compare-and-set keep it right.
+    """
+    if connection.vendor != "postgresql":
+        yield True
+        return
+    key = _LOCK_SPACE + tenant_id
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_lock(%s)", [key])
+        (held,) = cursor.fetchone()
+    if not held:
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_unlock(%s)", [key])
+        except DatabaseError:
+            # A lost connection took the lock with it. Inside a broken transaction (only when
+            # a caller wraps the pass in one) the lock stays with the session: this connection
+            # still fans the tenant out (the lock is re-entrant), other workers pass it by.
+            logger.warning("fan-out lock of tenant %s not released", tenant_id, exc_info=True)
+
+
 def _catch_up_tenant(tenant_id: int, seq: int | None, failures: int | None, limit: int) -> int:
+    with _tenant_pass(tenant_id) as ours:
+        return _fan_out_tenant(tenant_id, seq, failures, limit) if ours else 0
+
+
+def _fan_out_tenant(tenant_id: int, seq: int | None, failures: int | None, limit: int) -> int:
     if seq is None:
         FanOutCursor.objects.get_or_create(tenant_id=tenant_id)
         seq, failures = 0, 0

@@ -3,6 +3,7 @@ in the worker's notifications pool (catch_up), never in the process that committ
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import threading
@@ -438,9 +439,11 @@ def test_fan_out_cursors_made_by_the_migration_start_at_the_chains_head(tenant, 
 
 
 @pytest.mark.django_db(transaction=True)
-def test_fan_out_two_catch_ups_at_once_fan_out_once():
-    """Two workers' passes read the same cursor and fan out the same events at the same time:
-    one delivery per endpoint and event, one email per recipient, one task for each."""
+def test_fan_out_two_catch_ups_at_once_fan_out_once(monkeypatch):
+    """Two workers' passes read the same cursor and fan out the same events at the same time
+    (on SQLite, or had a pass not the tenant's lock): one delivery per endpoint and event, one
+    email per recipient, one task for each."""
+    monkeypatch.setattr(fan_out, "_tenant_pass", lambda tenant_id: contextlib.nullcontext(True))
     tenant = TenantFactory(slug="acme")
     admin = member(tenant, Role.ADMIN, username="boss")
     admin.email = "boss@example.com"
@@ -486,3 +489,54 @@ def test_fan_out_two_catch_ups_at_once_fan_out_once():
     assert DBTaskResult.objects.filter(task_path=EMAILS_TASK).count() == 3
     tenant.refresh_from_db()
     assert FanOutCursor.objects.get(tenant=tenant).seq == tenant.audit_seq
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="advisory locks are PostgreSQL's")
+@pytest.mark.django_db(transaction=True)
+def test_fan_out_passes_by_a_tenant_another_workers_pass_is_fanning_out():
+    """While one pass holds a tenant, another worker's pass fans out the other tenants and
+    leaves that one's events and cursor alone; the next pass after it takes them, once."""
+    busy, idle = TenantFactory(slug="busy"), TenantFactory(slug="idle")
+    busy_endpoint, _ = make_endpoint(busy, member(busy, Role.ADMIN))
+    idle_endpoint, _ = make_endpoint(idle, member(idle, Role.ADMIN))
+    fan_out.catch_up()
+    for each in (busy, idle):
+        with transaction.atomic():
+            audit.append(tenant_id=each.pk, action="ticket.escalated", actor_name="policy")
+    busy_cursor = FanOutCursor.objects.get(tenant=busy).seq
+    inside, leave = threading.Event(), threading.Event()
+    real = fan_out.fan_out
+
+    def holding(*, audit_event):
+        if audit_event.tenant_id == busy.pk and not inside.is_set():
+            inside.set()
+            assert leave.wait(timeout=30)
+        return real(audit_event=audit_event)
+
+    def other_worker():
+        try:
+            fan_out._catch_up_tenant(busy.pk, busy_cursor, 0, 100)
+        finally:
+            connection.close()
+
+    fan_out.fan_out = holding
+    try:
+        thread = threading.Thread(target=other_worker)
+        thread.start()
+        assert inside.wait(timeout=30)
+        passed = fan_out.catch_up()
+        during = (deliveries(busy_endpoint), deliveries(idle_endpoint))
+        cursor_during = FanOutCursor.objects.get(tenant=busy).seq
+        leave.set()
+        thread.join(timeout=60)
+    finally:
+        leave.set()
+        fan_out.fan_out = real
+
+    assert passed == 1  # the idle tenant's event only
+    assert during == ([], [("ticket.escalated", "ticket.escalated")])
+    assert cursor_during == busy_cursor
+    assert deliveries(busy_endpoint) == [("ticket.escalated", "ticket.escalated")]
+    assert FanOutCursor.objects.get(tenant=busy).seq == busy_cursor + 1
+    assert fan_out.catch_up() == 0
+    assert DBTaskResult.objects.filter(task_path=DELIVER_TASK).count() == 2

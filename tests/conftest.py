@@ -14,6 +14,7 @@ from django.conf import settings as django_settings
 from django.db import connection
 
 from approvals.audit import guard
+from approvals.live import hints
 from devtools.management.commands.webhook_receiver import make_server
 from devtools.processes import child_env, database_url  # noqa: F401 - tests import them here
 
@@ -168,6 +169,38 @@ def manage_process():
         if process.poll() is None:
             process.kill()
         process.communicate(timeout=30)
+
+
+# --- live hints, as a shared channel layer would carry them ---------------------------------
+
+
+class HintSender:
+    """Stands for the process's sender loop, in front of a shared channel layer."""
+
+    def __init__(self) -> None:
+        self.one: list[tuple[str, dict]] = []
+        self.many: list[list[tuple[str, dict]]] = []
+
+    def send(self, group: str, message: dict) -> None:
+        self.one.append((group, message))
+
+    def send_many(self, held: list[tuple[str, dict]]) -> list[None]:
+        self.many.append(list(held))
+        return [None] * len(held)
+
+    @property
+    def sent(self) -> list[tuple[str, dict]]:
+        """Every hint sent, alone or in a batch."""
+        return self.one + [hint for batch in self.many for hint in batch]
+
+
+@pytest.fixture
+def live_sender(monkeypatch) -> HintSender:
+    """The live hints sent, recorded instead of going to a channel layer (as with Redis)."""
+    fake = HintSender()
+    monkeypatch.setattr(hints, "_sender", fake)
+    monkeypatch.setattr(hints, "_shared_layer", object)
+    return fake
 
 
 # --- a webhook receiver on loopback (notifications and browser tests) ------------------------

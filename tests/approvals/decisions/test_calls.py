@@ -130,8 +130,12 @@ def test_a_flagged_call_is_shown_escaped_and_approvable_only_on_its_page(
     (outcome,) = batch.decide_batch([ticket.pk], user=approver, approve=True)
     assert (outcome.done, outcome.result.startswith("This call holds invisible")) == (False, True)
     # Not by a decision that did not show the flags.
-    with pytest.raises(FlaggedCallError):
+    with pytest.raises(FlaggedCallError) as refused:
         decide(ticket, user=approver, approve=True)
+    assert str(refused.value) == (
+        "this call holds invisible characters or look-alike letters; approve it from its own "
+        "ticket page, where they are shown"
+    )
 
     client.force_login(approver)
     body = client.get(reverse("approvals:ticket", args=[ticket.pk])).content.decode()

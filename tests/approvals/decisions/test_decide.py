@@ -132,6 +132,38 @@ def test_decide_returns_the_ticket_as_stored_with_its_run_kept(approve, django_a
         assert decided.decided_by == approver
 
 
+@pytest.mark.parametrize("approve", [True, False])
+def test_decide_hints_the_decision_and_the_queued_run_after_commit(
+    approve, live_sender, django_capture_on_commit_callbacks
+):
+    tenant = TenantFactory()
+    ticket = one_ticket(tenant, member(tenant, Role.VIEWER))
+    approver = member(tenant, Role.APPROVER)
+
+    with django_capture_on_commit_callbacks(execute=True):
+        decide(ticket, user=approver, approve=approve)
+        assert live_sender.sent == []
+
+    status = TicketStatus.APPROVED if approve else TicketStatus.REJECTED
+    event = {"type": "console.event", "tenant": tenant.pk}
+    assert sorted(live_sender.sent, key=lambda hint: hint[1]["kind"]) == [
+        (
+            f"tenant.{tenant.pk}",
+            {**event, "kind": "run.changed", "run": ticket.run_id, "status": RunStatus.QUEUED},
+        ),
+        (
+            f"tenant.{tenant.pk}",
+            {
+                **event,
+                "kind": "ticket.decided",
+                "ticket": ticket.pk,
+                "run": ticket.run_id,
+                "status": status,
+            },
+        ),
+    ]
+
+
 def test_decide_takes_the_callers_membership_only_when_it_is_the_deciders():
     tenant, other = TenantFactory(), TenantFactory()
     ticket = one_ticket(tenant, member(tenant, Role.VIEWER))
@@ -346,7 +378,9 @@ def test_decide_always_with_reject_is_refused():
     ticket = one_ticket(tenant, member(tenant, Role.VIEWER))
     unchanged = Unchanged(ticket)
 
-    with pytest.raises(InvalidDecisionError, match="'always' goes with an approval"):
+    with pytest.raises(InvalidDecisionError) as refused:
         decide(ticket, user=member(tenant), approve=False, always=True)
+
+    assert str(refused.value) == "'always' goes with an approval, not a rejection"
 
     unchanged.check()

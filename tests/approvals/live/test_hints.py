@@ -11,51 +11,30 @@ from approvals.live import hints
 pytestmark = pytest.mark.django_db
 
 
-class Sender:
-    """Stands for the process's sender loop, in front of a shared channel layer."""
-
-    def __init__(self) -> None:
-        self.one: list[tuple[str, dict]] = []
-        self.many: list[list[tuple[str, dict]]] = []
-
-    def send(self, group: str, message: dict) -> None:
-        self.one.append((group, message))
-
-    def send_many(self, held: list[tuple[str, dict]]) -> list[None]:
-        self.many.append(list(held))
-        return [None] * len(held)
-
-
-@pytest.fixture
-def sender(monkeypatch) -> Sender:
-    fake = Sender()
-    monkeypatch.setattr(hints, "_sender", fake)
-    monkeypatch.setattr(hints, "_shared_layer", object)
-    return fake
-
-
 def _hint(kind: str, **data) -> dict:
     return {"type": "console.event", "kind": kind, "tenant": 7, **data}
 
 
-def test_batched_sends_the_hints_of_its_commit_together(sender, django_capture_on_commit_callbacks):
+def test_batched_sends_the_hints_of_its_commit_together(
+    live_sender, django_capture_on_commit_callbacks
+):
     with hints.batched():
         with django_capture_on_commit_callbacks(execute=True), transaction.atomic():
             hints.notify_on_commit(7, "ticket.decided", ticket=1)
             hints.notify_on_commit(7, "run.changed", run=2)
-        assert sender.many == []
+        assert live_sender.many == []
 
-    assert sender.many == [
+    assert live_sender.many == [
         [
             ("tenant.7", _hint("ticket.decided", ticket=1)),
             ("tenant.7", _hint("run.changed", run=2)),
         ]
     ]
-    assert sender.one == []
+    assert live_sender.one == []
 
 
 def test_batched_never_sends_the_hint_of_a_rolled_back_savepoint(
-    sender, django_capture_on_commit_callbacks
+    live_sender, django_capture_on_commit_callbacks
 ):
     with (
         hints.batched(),
@@ -67,21 +46,21 @@ def test_batched_never_sends_the_hint_of_a_rolled_back_savepoint(
             hints.notify_on_commit(7, "ticket.changed", ticket=3)
             raise RuntimeError("rolled back")
 
-    assert sender.one == [("tenant.7", _hint("ticket.decided", ticket=1))]
-    assert sender.many == []
+    assert live_sender.one == [("tenant.7", _hint("ticket.decided", ticket=1))]
+    assert live_sender.many == []
 
 
 def test_a_hint_committed_after_the_batch_is_sent_on_its_own(
-    sender, django_capture_on_commit_callbacks
+    live_sender, django_capture_on_commit_callbacks
 ):
     with django_capture_on_commit_callbacks(execute=True):
         # The outer transaction commits after the block: its hint is not held.
         with hints.batched(), transaction.atomic():
             hints.notify_on_commit(7, "run.changed", run=2)
-        assert sender.one == []
+        assert live_sender.one == []
 
-    assert sender.one == [("tenant.7", _hint("run.changed", run=2))]
-    assert sender.many == []
+    assert live_sender.one == [("tenant.7", _hint("run.changed", run=2))]
+    assert live_sender.many == []
 
 
 def test_a_failed_hint_of_a_batch_is_logged_and_the_others_sent(monkeypatch, caplog):

@@ -164,6 +164,40 @@ def test_quorum_of_two_one_approver_twice_stays_pending_then_second_approves(wor
     assert approved.detail["voters"] == ["alice", "bob"]
 
 
+def test_quorum_vote_and_approval_record_the_channel_policy_and_voters_and_hint_the_ticket(
+    world, live_sender, django_capture_on_commit_callbacks
+):
+    tenant, p = world
+    policy = set_policy(tenant, p["admin"], required_approvals=2)
+    ticket = new_ticket(tenant, p["requester"])
+    via = {"via": "api", "prefix": "ak_1234"}
+    hint = {"type": "console.event", "tenant": tenant.pk, "ticket": ticket.pk, "run": ticket.run_id}
+
+    with django_capture_on_commit_callbacks(execute=True):
+        decide(ticket, user=p["alice"], approve=True, via=via)
+    vote = AuditEvent.objects.get(ticket_id=ticket.pk, action="ticket.vote")
+    assert (vote.actor_id, vote.outcome) == (p["alice"].pk, "pending")
+    assert vote.detail == {
+        "progress": "1 of 2 approvals: alice",
+        "policy": policy.version,
+        "via": "api",
+        "prefix": "ak_1234",
+    }
+    assert live_sender.sent == [
+        (f"tenant.{tenant.pk}", {**hint, "kind": "ticket.changed"}),
+    ]
+
+    decide(ticket, user=p["bob"], approve=True, message="both of us")
+
+    approved = AuditEvent.objects.get(ticket_id=ticket.pk, action="ticket.approved")
+    assert approved.detail == {
+        "always": False,
+        "message": "both of us",
+        "voters": ["alice", "bob"],
+        "policy": policy.version,
+    }
+
+
 def test_quorum_of_one_behaves_as_before(world):
     tenant, p = world
     ticket = new_ticket(tenant, p["requester"])
@@ -661,8 +695,13 @@ def test_always_is_refused_where_it_would_waive_the_policy(world, values):
     set_policy(tenant, p["admin"], **values)
     ticket = new_ticket(tenant, p["requester"])
 
-    with pytest.raises(InvalidDecisionError, match="'always' is not offered"):
+    with pytest.raises(InvalidDecisionError) as refused:
         decide(ticket, user=p["alice"], approve=True, always=True)
+
+    assert str(refused.value) == (
+        "'always' is not offered under this ticket's policy: it asks for more than one person "
+        "or rejects some arguments, so each later call needs its own approval"
+    )
 
     assert not TicketVote.objects.exists()
     assert Ticket.objects.get(pk=ticket.pk).status == TicketStatus.PENDING

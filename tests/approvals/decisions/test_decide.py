@@ -8,7 +8,7 @@ import pytest
 from django.utils import timezone
 from django_tasks_db.models import DBTaskResult
 
-from approvals.decisions.decide import decide
+from approvals.decisions.decide import decide, refuse_unless_pending
 from approvals.decisions.errors import (
     AlreadyDecidedError,
     InvalidDecisionError,
@@ -267,13 +267,31 @@ def test_decide_already_decided_names_the_winner_and_time():
 def test_decide_expired_ticket_is_refused():
     tenant = TenantFactory()
     ticket = one_ticket(tenant, member(tenant, Role.VIEWER))
-    Ticket.objects.filter(pk=ticket.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
+    expired_at = timezone.now() - timedelta(seconds=1)
+    Ticket.objects.filter(pk=ticket.pk).update(expires_at=expired_at)
     unchanged = Unchanged(ticket)
 
-    with pytest.raises(TicketExpiredError, match="this ticket expired at"):
+    with pytest.raises(TicketExpiredError) as refused:
         decide(ticket, user=member(tenant), approve=True)
 
+    assert str(refused.value) == (
+        f"this ticket expired at {expired_at:%Y-%m-%d %H:%M:%S} UTC; the agent must ask again"
+    )
     unchanged.check()
+
+
+def test_refuse_unless_pending_holds_a_ticket_pending_until_the_instant_it_expires():
+    tenant = TenantFactory()
+    ticket = one_ticket(tenant, member(tenant, Role.VIEWER))
+    now = ticket.expires_at
+    expired = Ticket(status=TicketStatus.EXPIRED, expires_at=now + timedelta(hours=1))
+
+    assert refuse_unless_pending(ticket, now - timedelta(microseconds=1)) is None
+    with pytest.raises(TicketExpiredError):
+        refuse_unless_pending(ticket, now)
+    # Marked expired by the sweep: refused whatever its expiry time says.
+    with pytest.raises(TicketExpiredError):
+        refuse_unless_pending(expired, now)
 
 
 def test_decide_superseded_ticket_is_refused():
@@ -282,8 +300,10 @@ def test_decide_superseded_ticket_is_refused():
     Ticket.objects.filter(pk=ticket.pk).update(status=TicketStatus.SUPERSEDED)
     unchanged = Unchanged(ticket)
 
-    with pytest.raises(TicketExpiredError, match="withdrawn because its run ended"):
+    with pytest.raises(TicketExpiredError) as refused:
         decide(ticket, user=member(tenant), approve=True)
+
+    assert str(refused.value) == "this ticket was withdrawn because its run ended"
 
     unchanged.check(TicketStatus.SUPERSEDED)
 

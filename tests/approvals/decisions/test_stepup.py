@@ -126,7 +126,12 @@ def test_a_fresh_factor_approves_and_the_audit_names_it(world):
     approved = AuditEvent.objects.get(action="ticket.approved")
     assert approved.detail["step_up"] == {"type": "totp", "at": proven.isoformat()}
     step = AuditEvent.objects.get(action="auth.step_up")
-    assert (step.tenant_id, step.actor_id) == (tenant.pk, approver.pk)
+    assert (step.tenant_id, step.actor_id, step.ticket_id, step.outcome) == (
+        tenant.pk,
+        approver.pk,
+        ticket.pk,
+        "confirmed",
+    )
     assert step.detail == {"type": "totp", "purpose": f"to approve ticket #{ticket.pk}"}
 
 

@@ -11,7 +11,7 @@ from django.core.management import call_command
 from django.utils import timezone
 from django_tasks_db.models import DBTaskResult
 
-from approvals.decisions.decide import decide
+from approvals.decisions.decide import decide, progress_of
 from approvals.decisions.edit import edit_and_approve
 from approvals.decisions.errors import (
     AlreadyVotedError,
@@ -196,6 +196,22 @@ def test_quorum_vote_and_approval_record_the_channel_policy_and_voters_and_hint_
         "voters": ["alice", "bob"],
         "policy": policy.version,
     }
+
+
+def test_progress_of_reads_the_votes_with_their_voters_in_one_query(
+    world, django_assert_num_queries
+):
+    tenant, p = world
+    set_policy(tenant, p["admin"], required_approvals=3)
+    ticket = new_ticket(tenant, p["requester"])
+    for person in ("alice", "bob"):
+        decide(ticket, user=p[person], approve=True)
+    ticket = Ticket.objects.select_related("policy").get(pk=ticket.pk)
+
+    with django_assert_num_queries(1):
+        shown = progress_of(ticket).describe()
+
+    assert shown == "2 of 3 approvals: alice, bob"
 
 
 def test_quorum_of_one_behaves_as_before(world):

@@ -8,7 +8,7 @@ import pytest
 from django.utils import timezone
 from django_tasks_db.models import DBTaskResult
 
-from approvals.decisions.decide import decide, refuse_unless_pending
+from approvals.decisions.decide import compare_and_set, decide, refuse_unless_pending
 from approvals.decisions.errors import (
     AlreadyDecidedError,
     InvalidDecisionError,
@@ -314,9 +314,10 @@ def test_decide_self_approval_is_refused():
     ticket = one_ticket(tenant, requester)
     unchanged = Unchanged(ticket)
 
-    with pytest.raises(SelfApprovalError):
+    with pytest.raises(SelfApprovalError) as refused:
         decide(ticket, user=requester, approve=True)
 
+    assert str(refused.value) == "you requested this call, so someone else must approve it"
     unchanged.check()
 
 
@@ -339,8 +340,10 @@ def test_decide_by_non_deciding_role_is_refused(role, approve):
     ticket = one_ticket(tenant, member(tenant, Role.VIEWER))
     unchanged = Unchanged(ticket)
 
-    with pytest.raises(NotAllowedError, match=f"the {role} role cannot decide"):
+    with pytest.raises(NotAllowedError) as refused:
         decide(ticket, user=member(tenant, role), approve=approve)
+
+    assert str(refused.value) == f"the {role} role cannot decide tickets"
 
     unchanged.check()
 
@@ -404,3 +407,43 @@ def test_decide_always_with_reject_is_refused():
     assert str(refused.value) == "'always' goes with an approval, not a rejection"
 
     unchanged.check()
+
+
+# --- the compare-and-set itself ---------------------------------------------------------------
+
+
+def test_compare_and_set_decides_a_pending_ticket_and_ends_its_claim():
+    tenant = TenantFactory()
+    ticket = one_ticket(tenant, member(tenant, Role.VIEWER))
+    approver, claimer = member(tenant, Role.APPROVER), member(tenant, Role.APPROVER)
+    now = timezone.now()
+    Ticket.objects.filter(pk=ticket.pk).update(claimed_by=claimer, claimed_at=now)
+
+    compare_and_set(ticket, status=TicketStatus.REJECTED, user=approver, now=now, message="no")
+
+    stored = Ticket.objects.get(pk=ticket.pk)
+    assert (stored.status, stored.decided_by, stored.decided_at, stored.decision_message) == (
+        TicketStatus.REJECTED,
+        approver,
+        now,
+        "no",
+    )
+    assert (stored.always, stored.claimed_by, stored.claimed_at) == (False, None, None)
+
+
+def test_compare_and_set_that_loses_says_why_and_writes_nothing():
+    tenant = TenantFactory()
+    ticket = one_ticket(tenant, member(tenant, Role.VIEWER))
+    first, second = member(tenant, Role.APPROVER), member(tenant, Role.APPROVER)
+    now = timezone.now()
+    compare_and_set(ticket, status=TicketStatus.APPROVED, user=first, now=now)
+
+    with pytest.raises(AlreadyDecidedError):
+        compare_and_set(ticket, status=TicketStatus.REJECTED, user=second, now=now)
+    # Past its expiry, a pending ticket is refused as expired.
+    late = one_ticket(tenant, member(tenant, Role.VIEWER))
+    with pytest.raises(TicketExpiredError, match="this ticket expired at"):
+        compare_and_set(late, status=TicketStatus.APPROVED, user=first, now=late.expires_at)
+
+    assert Ticket.objects.get(pk=ticket.pk).decided_by == first
+    assert Ticket.objects.get(pk=late.pk).status == TicketStatus.PENDING

@@ -143,8 +143,13 @@ def test_quorum_of_two_one_approver_twice_stays_pending_then_second_approves(wor
     ticket = new_ticket(tenant, p["requester"])
 
     decide(ticket, user=p["alice"], approve=True)
-    with pytest.raises(AlreadyVotedError, match="already approved"):
+    with pytest.raises(AlreadyVotedError) as refused:
         decide(ticket, user=p["alice"], approve=True)
+    voted = TicketVote.objects.get(ticket=ticket).created_at
+    assert str(refused.value) == (
+        f"you already approved this ticket at {voted:%Y-%m-%d %H:%M:%S} UTC; "
+        "it needs another person (1 of 2 approvals: alice)"
+    )
 
     ticket.refresh_from_db()
     assert ticket.status == TicketStatus.PENDING

@@ -354,9 +354,11 @@ def test_decide_by_user_of_another_tenant_is_not_found():
     outsider = member(TenantFactory(), Role.ADMIN)
     unchanged = Unchanged(ticket)
 
-    with pytest.raises(TicketNotFoundError):
+    with pytest.raises(TicketNotFoundError) as refused:
         decide(ticket, user=outsider, approve=True)
 
+    # The same answer as for a ticket that does not exist: nothing said of another tenant's.
+    assert str(refused.value) == "no such ticket"
     unchanged.check()
 
 
@@ -381,8 +383,10 @@ def test_decide_message_over_2000_chars_is_refused():
     ticket = one_ticket(tenant, member(tenant, Role.VIEWER))
     unchanged = Unchanged(ticket)
 
-    with pytest.raises(InvalidDecisionError, match="the message is 2001 characters"):
+    with pytest.raises(InvalidDecisionError) as refused:
         decide(ticket, user=member(tenant), approve=False, message="x" * 2001)
+
+    assert str(refused.value) == "the message is 2001 characters; at most 2000"
 
     unchanged.check()
 

@@ -133,6 +133,9 @@ def _extend_lease(run: Run) -> bool:
 
 class _Loops(threading.local):
     loop: asyncio.AbstractEventLoop | None = None
+    # The process that made the loop: a forked child inherits the loop and its executor's
+    # bookkeeping but none of its threads, so work handed to them would never run.
+    pid: int = 0
 
 
 _loops = _Loops()
@@ -147,15 +150,17 @@ def run_async(coro: Any) -> Any:
     join them at its end. Here the loop and its default executor live as long as the thread
     (the worker's), so a resume only pays for its own work. As asyncio.run() does, tasks the
     coroutine left running are cancelled and waited for before this returns, so nothing of one
-    run outlives it. Raises what the coroutine raises; RuntimeError inside a running loop.
+    run outlives it. Raises what the coroutine raises; RuntimeError inside a running loop. A
+    process forked after the loop was made makes its own (the parent's is left alone: closing
+    it would wait for threads the child does not have).
     """
     loop = _loops.loop
-    if loop is None or loop.is_closed():
+    if loop is None or loop.is_closed() or _loops.pid != os.getpid():
         loop = asyncio.new_event_loop()
         loop.set_default_executor(
             ThreadPoolExecutor(max_workers=TOOL_THREADS, thread_name_prefix="agent-tools")
         )
-        _loops.loop = loop
+        _loops.loop, _loops.pid = loop, os.getpid()
     asyncio.set_event_loop(loop)
     try:
         return loop.run_until_complete(coro)

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import select
+import signal
 import threading
 
 import pytest
@@ -60,3 +63,38 @@ def test_each_thread_has_its_own_loop():
     thread.join()
 
     assert there and there[0] != here
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork is POSIX's")
+def test_a_forked_process_runs_its_tools_on_threads_of_its_own():
+    """A process forked after the loop was made (a preforking server, the mutation run) has
+    none of its parent's tool threads: it gets its own loop and pool, instead of waiting for
+    ever on work handed to threads that do not exist."""
+
+    async def tool_thread() -> str:
+        return await asyncio.to_thread(lambda: threading.current_thread().name)
+
+    parent = lease.run_async(tool_thread())
+    parent_loop = lease._loops.loop
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # the child answers through the pipe, then leaves at once
+        try:
+            os.write(write, lease.run_async(tool_thread()).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    try:
+        # Without a loop of its own the child would wait for ever: give up on it after 30 s.
+        ready, _, _ = select.select([read], [], [], 30)
+        answered = os.read(read, 100).decode() if ready else "(no answer: the child hangs)"
+    finally:
+        os.close(read)
+        if not ready:
+            os.kill(child, signal.SIGKILL)
+        _, status = os.waitpid(child, 0)
+
+    assert parent.startswith("agent-tools")
+    assert answered.startswith("agent-tools"), answered
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert lease._loops.loop is parent_loop

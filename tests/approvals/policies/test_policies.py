@@ -11,7 +11,7 @@ from django.core.management import call_command
 from django.utils import timezone
 from django_tasks_db.models import DBTaskResult
 
-from approvals.decisions.decide import decide, progress_of
+from approvals.decisions.decide import decide, progress_of, vote
 from approvals.decisions.edit import edit_and_approve
 from approvals.decisions.errors import (
     AlreadyVotedError,
@@ -217,6 +217,23 @@ def test_progress_of_reads_the_votes_with_their_voters_in_one_query(
         shown = progress_of(ticket).describe()
 
     assert shown == "2 of 3 approvals: alice, bob"
+
+
+def test_a_vote_reads_the_earlier_votes_with_their_voters_and_is_dated_as_the_decision(
+    world, django_assert_num_queries
+):
+    tenant, p = world
+    policy = set_policy(tenant, p["admin"], required_approvals=2)
+    ticket = new_ticket(tenant, p["requester"])
+    decide(ticket, user=p["alice"], approve=True)
+    now = timezone.now()
+
+    # The earlier votes and their voters in one query, then the vote's own insert.
+    with django_assert_num_queries(2):
+        progress = vote(ticket, policy, user=p["bob"], now=now)
+
+    assert (progress.met, progress.voters) == (True, ["alice", "bob"])
+    assert TicketVote.objects.get(ticket=ticket, user=p["bob"]).created_at == now
 
 
 def test_quorum_of_one_behaves_as_before(world):

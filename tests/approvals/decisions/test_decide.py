@@ -435,15 +435,20 @@ def test_compare_and_set_decides_a_pending_ticket_and_ends_its_claim():
     assert (stored.always, stored.claimed_by, stored.claimed_at) == (False, None, None)
 
 
-def test_compare_and_set_that_loses_says_why_and_writes_nothing():
+def test_compare_and_set_that_loses_says_why_and_writes_nothing(django_assert_num_queries):
     tenant = TenantFactory()
     ticket = one_ticket(tenant, member(tenant, Role.VIEWER))
     first, second = member(tenant, Role.APPROVER), member(tenant, Role.APPROVER)
     now = timezone.now()
     compare_and_set(ticket, status=TicketStatus.APPROVED, user=first, now=now)
+    assert Ticket.objects.get(pk=ticket.pk).decision_message == ""
 
-    with pytest.raises(AlreadyDecidedError):
-        compare_and_set(ticket, status=TicketStatus.REJECTED, user=second, now=now)
+    # The update that finds nothing, then the row read again with its decider, for the answer.
+    with django_assert_num_queries(2):
+        with pytest.raises(AlreadyDecidedError) as lost:
+            compare_and_set(ticket, status=TicketStatus.REJECTED, user=second, now=now)
+        said = str(lost.value)
+    assert said == f"Already approved by {first.username} at {now:%Y-%m-%d %H:%M:%S} UTC."
     # Past its expiry, a pending ticket is refused as expired.
     late = one_ticket(tenant, member(tenant, Role.VIEWER))
     with pytest.raises(TicketExpiredError, match="this ticket expired at"):

@@ -236,6 +236,19 @@ def test_a_vote_reads_the_earlier_votes_with_their_voters_and_is_dated_as_the_de
     assert TicketVote.objects.get(ticket=ticket, user=p["bob"]).created_at == now
 
 
+def test_decide_returns_the_ticket_with_the_policy_it_was_decided_under(
+    world, django_assert_num_queries
+):
+    tenant, p = world
+    policy = set_policy(tenant, p["admin"], required_approvals=1)
+    ticket = new_ticket(tenant, p["requester"])
+
+    decided = decide(ticket, user=p["alice"], approve=True)
+
+    with django_assert_num_queries(0):
+        assert (decided.policy_id, decided.policy) == (policy.pk, policy)
+
+
 def test_quorum_of_one_behaves_as_before(world):
     tenant, p = world
     ticket = new_ticket(tenant, p["requester"])

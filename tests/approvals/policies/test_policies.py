@@ -8,12 +8,15 @@ from io import StringIO
 
 import pytest
 from django.core.management import call_command
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from django_tasks_db.models import DBTaskResult
 
 from approvals.decisions.decide import decide, progress_of, vote
 from approvals.decisions.edit import edit_and_approve
 from approvals.decisions.errors import (
+    AlreadyDecidedError,
     AlreadyVotedError,
     InvalidDecisionError,
     NotAllowedError,
@@ -247,6 +250,30 @@ def test_decide_returns_the_ticket_with_the_policy_it_was_decided_under(
 
     with django_assert_num_queries(0):
         assert (decided.policy_id, decided.policy) == (policy.pk, policy)
+
+
+def test_decide_reads_the_tickets_policy_and_decider_with_the_ticket(world):
+    """A saved policy costs the decision no query of its own, nor does naming who won."""
+    tenant, p = world
+    builtin = new_ticket(tenant, p["requester"])
+    set_policy(tenant, p["admin"], required_approvals=1)
+    saved = new_ticket(tenant, p["requester"])
+    counts = []
+    for ticket in (builtin, saved):
+        with CaptureQueriesContext(connection) as queries:
+            decide(ticket, user=p["alice"], approve=True)
+        counts.append(len(queries))
+
+    # The memberships, the run's lock and the ticket with its policy and decider, in and out
+    # of the savepoint: the refusal names alice without reading her again.
+    with CaptureQueriesContext(connection) as queries:
+        with pytest.raises(AlreadyDecidedError) as refused:
+            decide(saved, user=p["bob"], approve=False)
+        said = str(refused.value)
+
+    assert counts[0] == counts[1]
+    assert len(queries) == 6
+    assert said.startswith("Already approved by alice at ")
 
 
 def test_quorum_of_one_behaves_as_before(world):

@@ -198,14 +198,17 @@ def test_decide_reject_records_the_message_and_queues_the_run():
 
 
 @pytest.mark.parametrize("approve", [True, False])
-def test_decide_without_a_message_records_an_empty_detail(approve):
+def test_decide_without_a_message_records_its_outcome_and_an_empty_detail(approve):
     tenant = TenantFactory()
     ticket = one_ticket(tenant, member(tenant, Role.VIEWER))
 
     decide(ticket, user=member(tenant, Role.APPROVER), approve=approve)
 
-    action = "ticket.approved" if approve else "ticket.rejected"
-    assert AuditEvent.objects.get(ticket_id=ticket.pk, action=action).detail == {}
+    action, outcome = (
+        ("ticket.approved", "approved") if approve else ("ticket.rejected", "rejected")
+    )
+    event = AuditEvent.objects.get(ticket_id=ticket.pk, action=action)
+    assert (event.outcome, event.detail) == (outcome, {})
 
 
 def test_decide_always_approve_is_stored_on_the_ticket():

@@ -255,14 +255,17 @@ def test_decide_returns_the_ticket_with_the_policy_it_was_decided_under(
 def test_decide_reads_the_tickets_policy_and_decider_with_the_ticket(world):
     """A saved policy costs the decision no query of its own, nor does naming who won."""
     tenant, p = world
-    builtin = new_ticket(tenant, p["requester"])
-    set_policy(tenant, p["admin"], required_approvals=1)
-    saved = new_ticket(tenant, p["requester"])
     counts = []
-    for ticket in (builtin, saved):
+    for saved_policy in (False, True):
+        # Saving a policy moves the pending tickets to it: each ticket is decided before the next.
+        if saved_policy:
+            set_policy(tenant, p["admin"], required_approvals=1)
+        ticket = new_ticket(tenant, p["requester"])
+        assert (ticket.policy_id is not None) is saved_policy
         with CaptureQueriesContext(connection) as queries:
             decide(ticket, user=p["alice"], approve=True)
         counts.append(len(queries))
+    saved = ticket
 
     # The memberships, the run's lock and the ticket with its policy and decider, in and out
     # of the savepoint: the refusal names alice without reading her again.

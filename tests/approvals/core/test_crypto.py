@@ -69,6 +69,20 @@ def test_seal_ciphertext_does_not_contain_the_plaintext(ring):
     assert plaintext[:16] not in sealed.ciphertext
 
 
+def test_open_sealed_of_a_state_that_inflates_past_the_cap_is_refused(ring, monkeypatch):
+    """A sealed blob that decompresses to more than the cap (a zip bomb written with a key) is
+    refused as tampered before it is inflated whole; one exactly at the cap opens."""
+    sealed = crypto.seal(b"x" * 1000, purpose=PURPOSE, tenant=1, run=7)
+    monkeypatch.setattr(crypto, "MAX_PLAINTEXT_BYTES", 1000)
+    assert crypto.open_sealed(sealed, purpose=PURPOSE, tenant=1, run=7) == b"x" * 1000
+    monkeypatch.setattr(crypto, "MAX_PLAINTEXT_BYTES", 999)
+
+    with pytest.raises(crypto.TamperedError) as refused:
+        crypto.open_sealed(sealed, purpose=PURPOSE, tenant=1, run=7)
+
+    assert str(refused.value) == "the stored state is larger than allowed"
+
+
 def test_open_sealed_flipped_ciphertext_byte_is_tampered(ring):
     sealed = crypto.seal(PLAINTEXT, purpose=PURPOSE, tenant=1, run=7)
     forged = dataclasses.replace(sealed, ciphertext=_flip(sealed.ciphertext, 3))

@@ -19,6 +19,8 @@ from devtools.management.commands.webhook_receiver import make_server
 from devtools.processes import child_env, database_url  # noqa: F401 - tests import them here
 
 ROOT = Path(__file__).resolve().parent.parent
+# How long a test process under the mutation run waits for SQLite's write lock.
+MUTATION_LOCK_WAIT_S = 3
 
 
 def _mutation_sqlite() -> bool:
@@ -55,7 +57,15 @@ def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix) -
     if template.exists():
         shutil.copyfile(template, test_file)
     database.setdefault("TEST", {})["NAME"] = str(test_file)
+    # A mutant that lets a tool run inside a test that holds the write lock (one that expects
+    # nothing to run) would wait out the 30 s lock timeout: the mutant is caught either way,
+    # a few seconds sooner. The suite's own waits for the lock are far shorter than this.
+    options = database.setdefault("OPTIONS", {})
+    lock_wait = options.get("timeout", 5)
+    options["timeout"] = MUTATION_LOCK_WAIT_S
+    connection.settings_dict.setdefault("OPTIONS", {})["timeout"] = MUTATION_LOCK_WAIT_S
     yield
+    options["timeout"] = connection.settings_dict["OPTIONS"]["timeout"] = lock_wait
     # A kept database is never torn down, so Django's switch of NAME to it is undone here: the
     # next session in this process (mutmut runs several) starts from the real name again.
     connection.close()

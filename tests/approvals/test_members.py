@@ -3,8 +3,8 @@ from __future__ import annotations
 import pytest
 
 from approvals import members
-from approvals.models import Membership, Role
-from tests.support import TenantFactory, UserFactory, member
+from approvals.models import Membership, Role, Ticket
+from tests.support import TenantFactory, UserFactory, member, paused_run
 
 pytestmark = pytest.mark.django_db
 
@@ -85,3 +85,53 @@ def test_is_member_named_only_in_the_tenants_named():
 
     assert members.is_member_named("bob", tenant_slugs=[first.slug]) is False
     assert members.is_member_named("bob", tenant_slugs=[first.slug, second.slug]) is True
+
+
+def test_memberships_in_are_the_users_asked_about_in_that_tenant_only():
+    first, second = TenantFactory(), TenantFactory()
+    alice = member(first, Role.ADMIN)
+    member(second, Role.VIEWER, username=alice.username)
+    bob = member(first, Role.APPROVER)
+    carol = member(second, Role.APPROVER)
+
+    found = members.memberships_in([alice, carol], first.pk)
+
+    assert {user_id: (m.tenant_id, m.role) for user_id, m in found.items()} == {
+        alice.pk: (first.pk, Role.ADMIN)
+    }
+    assert bob.pk not in found
+    in_second = members.memberships_in([alice, bob, carol], second.pk)
+    assert {user_id: (m.tenant_id, m.role) for user_id, m in in_second.items()} == {
+        alice.pk: (second.pk, Role.VIEWER),
+        carol.pk: (second.pk, Role.APPROVER),
+    }
+
+
+def test_has_membership_is_whether_the_rows_own_user_belongs_to_the_rows_own_tenant():
+    first, second = TenantFactory(), TenantFactory()
+    alice = member(first, Role.APPROVER)
+    bob = member(second, Role.APPROVER)
+    # A ticket names a user (its requester) and a tenant: the row the annotation is read on.
+    ticket = Ticket.objects.filter(run=paused_run(first, requested_by=alice))
+
+    def has(user, tenant) -> bool:
+        ticket.update(requested_by=user, tenant=tenant)
+        annotated = ticket.annotate(member=members.has_membership("requested_by_id", "tenant_id"))
+        return annotated.get().member
+
+    assert has(alice, first) is True
+    assert has(bob, first) is False
+    assert has(alice, second) is False
+    assert has(bob, second) is True
+
+
+@pytest.mark.parametrize(
+    ("active", "has_membership", "expected"),
+    [(True, True, True), (True, False, False), (False, True, False), (False, False, False)],
+)
+def test_is_member_needs_both_the_membership_and_an_active_account(
+    active, has_membership, expected
+):
+    user = UserFactory(is_active=active)
+
+    assert members.is_member(user, has_membership=has_membership) is expected

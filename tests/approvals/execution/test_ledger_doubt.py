@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 
 import pytest
+from django.db import DatabaseError
 
 from approvals.execution import ledger
 from approvals.models import AuditEvent, IdempotencyRecord, LedgerStatus, Ticket
@@ -217,3 +218,75 @@ def test_a_failing_effects_error_is_kept_to_2000_characters():
         ledger.perform(only_call_id(run), operation="deploy_release", resource="p", effect=effect)
 
     assert IdempotencyRecord.objects.get(run=run).error == ("ValueError: " + "x" * 3000)[:2000]
+
+
+def test_an_effect_whose_confirmation_cannot_be_stored_is_in_doubt_and_stops_the_resume(
+    monkeypatch,
+):
+    run = paused_run(TenantFactory())
+    ticket = Ticket.objects.get(run=run)
+    scope = scope_of(run, attempt="w3")
+    ran = []
+
+    def refuse(**fields):
+        raise DatabaseError("disk full")
+
+    monkeypatch.setattr(ledger.audit, "append", refuse)
+    reason = (
+        "deploy_release on production ran in attempt w3 but its confirmation could not be "
+        "stored (DatabaseError); check whether it happened"
+    )
+
+    with ledger.resume_scope(scope), pytest.raises(ledger.EffectInDoubt) as raised:
+        ledger.perform(
+            ticket.tool_call_id,
+            operation="deploy_release",
+            resource="production",
+            effect=lambda: ran.append(1),
+        )
+
+    assert str(raised.value) == reason
+    assert isinstance(raised.value.__cause__, DatabaseError)
+    assert scope.in_doubt == reason
+    assert ran == [1]
+    assert scope.effects == []
+    # The confirmation rolled back with the audit event: the claim is all that is left.
+    assert IdempotencyRecord.objects.get(run=run).status == LedgerStatus.CLAIMED
+
+
+def test_the_fault_points_are_after_the_claim_and_after_the_effect(monkeypatch):
+    run = paused_run(TenantFactory())
+    ticket = Ticket.objects.get(run=run)
+    seen = []
+    monkeypatch.setattr(
+        ledger.faults,
+        "point",
+        lambda name: seen.append((name, IdempotencyRecord.objects.get(run=run).status)),
+    )
+
+    with ledger.resume_scope(scope_of(run)):
+        ledger.perform(
+            ticket.tool_call_id,
+            operation="deploy_release",
+            resource="production",
+            effect=lambda: seen.append(("effect", None)) or "ok",
+        )
+
+    assert seen == [
+        ("after_claim", LedgerStatus.CLAIMED),
+        ("effect", None),
+        ("after_effect", LedgerStatus.CLAIMED),
+    ]
+
+
+def test_the_done_events_resource_is_cut_to_200_characters():
+    run = paused_run(TenantFactory())
+    ticket = Ticket.objects.get(run=run)
+    resource = "r" * 300
+
+    with ledger.resume_scope(scope_of(run)):
+        ledger.perform(
+            ticket.tool_call_id, operation="deploy_release", resource=resource, effect=str
+        )
+
+    assert AuditEvent.objects.get(action="effect.done").detail == {"resource": "r" * 200}

@@ -94,6 +94,21 @@ def test_get_ticket_for_user_is_the_ticket_asked_for_with_its_membership(
     assert (membership.tenant_id, membership.role) == (globex.pk, Role.ADMIN)
 
 
+def test_get_ticket_for_user_reads_who_decided_it_in_the_same_query(
+    two_tenants, django_assert_num_queries
+):
+    acme, globex, alice = two_tenants
+    bob = member(globex, Role.APPROVER, username="bob")
+    decided = Ticket.objects.get(run=paused_run(globex, requested_by=alice))
+    Ticket.objects.filter(pk=decided.pk).update(decided_by=bob)
+    request = request_of(alice)
+    access.memberships(request)
+
+    with django_assert_num_queries(1):
+        ticket, _ = access.get_ticket_for_user(request, decided.pk)
+        assert ticket.decided_by.username == "bob"
+
+
 def test_get_ticket_for_user_of_another_tenant_is_404(two_tenants):
     _, _, alice = two_tenants
     elsewhere = Ticket.objects.get(run=paused_run(TenantFactory(slug="initech")))
@@ -132,3 +147,23 @@ def test_admin_and_history_tenants_are_those_the_users_role_allows(two_tenants):
 
     assert access.admin_tenants(request) == {"globex": globex}
     assert access.history_tenants(request) == {globex.pk: globex, initech.pk: initech}
+
+
+def test_active_tenant_without_a_choice_is_none_whatever_the_tenants_are_called():
+    tenant = TenantFactory(slug="XXXX")
+    alice = member(tenant, Role.ADMIN, username="alice")
+
+    assert access.active_tenant(request_of(alice)) == ""
+
+
+def test_get_admin_tenant_of_a_tenant_the_user_does_not_administer_is_404_saying_no_more(
+    two_tenants,
+):
+    acme, globex, alice = two_tenants
+
+    assert access.get_admin_tenant(request_of(alice), "globex") == globex
+    assert access.get_admin_tenant(request_of(alice), "") == globex
+    for slug in ("acme", "initech"):
+        with pytest.raises(Http404) as raised:
+            access.get_admin_tenant(request_of(alice), slug)
+        assert str(raised.value) == "No such page."

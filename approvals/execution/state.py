@@ -126,11 +126,12 @@ def rotate_keys() -> dict[str, int]:
     primary = crypto.primary_key_id()
     counts = {"rotated": 0, "already_current": 0, "failed": 0}
     per_tenant: dict[int, int] = {}
-    for run_id in Run.objects.exclude(state_key_id=primary).values_list("pk", flat=True).iterator():
+    stale = Run.objects.exclude(state_key_id=primary).order_by("pk")
+    for run_id in stale.values_list("pk", flat=True).iterator():
         with transaction.atomic():
             run = Run.objects.select_for_update().get(pk=run_id)
             if run.state_key_id == primary:
-                counts["already_current"] += 1
+                # Another rotation re-sealed it meanwhile: counted with the current ones below.
                 continue
             try:
                 plaintext = crypto.open_sealed(
@@ -147,7 +148,7 @@ def rotate_keys() -> dict[str, int]:
             run.save(update_fields=["state_key_id", "state_nonce", "state_ciphertext"])
             counts["rotated"] += 1
             per_tenant[run.tenant_id] = per_tenant.get(run.tenant_id, 0) + 1
-    counts["already_current"] += (
+    counts["already_current"] = (
         Run.objects.filter(state_key_id=primary).count() - counts["rotated"]
     )
     for tenant_id, count in per_tenant.items():

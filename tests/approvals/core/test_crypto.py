@@ -5,10 +5,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from types import SimpleNamespace
 
 import pytest
+from django.db import transaction
 
 from approvals.core import crypto
+from approvals.execution import state
 from approvals.execution.state import open_state, rotate_keys
 from approvals.models import AuditEvent, Run
 from tests.support import TenantFactory, paused_run
@@ -280,3 +283,61 @@ def test_rotate_keys_writes_one_audit_event_per_tenant(ring):
         ("acme", {"runs": 2, "key": "k2"}),
         ("globex", {"runs": 1, "key": "k2"}),
     ]
+
+
+@pytest.mark.django_db
+def test_rotate_keys_counts_runs_another_rotation_resealed_meanwhile_once(ring, monkeypatch):
+    tenant = TenantFactory()
+    runs = [paused_run(tenant), paused_run(tenant, prompt="Deploy release 2026.07.25 to staging")]
+    ring(("k2", K2), ("k1", K1))
+    atomic = state.transaction.atomic
+    other: list[dict[str, int]] = []
+
+    def another_rotation_first(*args, **kwargs):
+        # Between this rotation's read of the stale runs and its first lock, another one
+        # re-seals them all.
+        if not other:
+            monkeypatch.setattr(state, "transaction", transaction)
+            other.append(rotate_keys())
+            monkeypatch.setattr(state, "transaction", racing)
+        return atomic(*args, **kwargs)
+
+    racing = SimpleNamespace(atomic=another_rotation_first)
+    monkeypatch.setattr(state, "transaction", racing)
+
+    counts = rotate_keys()
+
+    assert other == [{"rotated": 2, "already_current": 0, "failed": 0}]
+    assert counts == {"rotated": 0, "already_current": 2, "failed": 0}
+    assert {Run.objects.get(pk=run.pk).state_key_id for run in runs} == {"k2"}
+    assert AuditEvent.objects.filter(action="keys.rotated").count() == 1
+
+
+@pytest.mark.django_db
+def test_rotate_keys_counts_every_run_it_rotated_or_could_not_open_and_goes_on_past_those(
+    ring,
+):
+    tenant = TenantFactory()
+    # Paused under a key the ring no longer has: these cannot be opened.
+    ring(("k0", os.urandom(32)))
+    lost = [paused_run(tenant), paused_run(tenant, prompt="Deploy release 2026.07.25 to qa")]
+    ring(("k1", K1))
+    kept = [paused_run(tenant), paused_run(tenant, prompt="Deploy release 2026.07.25 to staging")]
+    ring(("k2", K2), ("k1", K1))
+
+    counts = rotate_keys()
+
+    assert counts == {"rotated": 2, "already_current": 0, "failed": 2}
+    assert [Run.objects.get(pk=run.pk).state_key_id for run in lost + kept] == [
+        "k0",
+        "k0",
+        "k2",
+        "k2",
+    ]
+    event = AuditEvent.objects.get(action="keys.rotated")
+    assert (event.tenant_id, event.actor_name, event.outcome, event.detail) == (
+        tenant.pk,
+        "rotate_keys",
+        "rotated",
+        {"runs": 2, "key": "k2"},
+    )

@@ -212,6 +212,8 @@ def test_resume_without_always_pauses_again_for_production(model_calls):
     assert Ticket.objects.get(pk=staging.pk).status == TicketStatus.APPROVED
     assert model_calls["release"] == 2
     assert actions(run)[-4:] == ["run.resuming", "effect.done", "run.paused", "ticket.created"]
+    paused_by = AuditEvent.objects.filter(run=run, action="run.paused").latest("seq").actor_name
+    assert paused_by == "worker w1"
 
     decide(pending, user=approver, approve=True)
     final = resume(run_id=run.pk, worker_id="w2")

@@ -148,9 +148,7 @@ def rotate_keys() -> dict[str, int]:
             run.save(update_fields=["state_key_id", "state_nonce", "state_ciphertext"])
             counts["rotated"] += 1
             per_tenant[run.tenant_id] = per_tenant.get(run.tenant_id, 0) + 1
-    counts["already_current"] = (
-        Run.objects.filter(state_key_id=primary).count() - counts["rotated"]
-    )
+    counts["already_current"] = Run.objects.filter(state_key_id=primary).count() - counts["rotated"]
     for tenant_id, count in per_tenant.items():
         with transaction.atomic():
             chain.append(

@@ -327,20 +327,21 @@ def test_reap_gives_every_waiting_queued_run_and_unclaimed_start_a_task_of_its_o
         assert Run.objects.get(pk=run.pk).updated_at == now
 
 
-@pytest.mark.parametrize(
-    "meanwhile_change",
-    [
-        # A worker claimed it.
-        {
-            "status": RunStatus.RESUMING,
-            "lease_owner": "w2",
-            "lease_expires_at": timezone.now() + timedelta(minutes=5),
-        },
-        # Another reaper gave it its task again.
-        {"updated_at": timezone.now()},
-    ],
-    ids=["claimed", "given-its-task"],
-)
+def claimed() -> dict:
+    """What a worker's claim writes."""
+    return {
+        "status": RunStatus.RESUMING,
+        "lease_owner": "w2",
+        "lease_expires_at": timezone.now() + timedelta(minutes=5),
+    }
+
+
+def given_its_task() -> dict:
+    """What another reaper's pass writes when it gives the run its task again."""
+    return {"updated_at": timezone.now()}
+
+
+@pytest.mark.parametrize("meanwhile_change", [claimed, given_its_task])
 def test_reap_gives_no_task_to_a_waiting_run_claimed_or_given_one_meanwhile(
     meanwhile, meanwhile_change
 ):
@@ -348,7 +349,7 @@ def test_reap_gives_no_task_to_a_waiting_run_claimed_or_given_one_meanwhile(
     run = queued_run()
     stale(run, now=now)
     before = resume_tasks(run)
-    meanwhile(lambda: Run.objects.filter(pk=run.pk).update(**meanwhile_change))
+    meanwhile(lambda: Run.objects.filter(pk=run.pk).update(**meanwhile_change()))
 
     report = reaper.reap(now=now)
 

@@ -16,7 +16,7 @@ from django.utils import timezone
 from approvals.decisions.decide import decide
 from approvals.execution import ledger
 from approvals.execution.state import PauseError
-from approvals.models import AuditEvent, Role, Run, RunStatus, Ticket
+from approvals.models import AuditEvent, Role, Run, RunStatus, Ticket, TicketStatus
 from approvals.runs import checks, lease
 from tests.support import TenantFactory, member, paused_run
 
@@ -214,3 +214,63 @@ def test_renewing_the_lease_moves_its_end_a_lease_ahead_only_while_the_attempt_h
     Run.objects.filter(pk=run.pk).update(lease_owner="w2", attempts=2)
     assert lease._extend_lease(run) is False
     assert Run.objects.get(pk=run.pk).lease_expires_at == until
+
+
+# --- the claim, and what an attempt still holds -----------------------------------------------
+
+
+def test_a_claim_takes_the_run_with_a_lease_its_event_and_its_hint(hints):
+    run = held_run()
+    Run.objects.filter(pk=run.pk).update(status=RunStatus.QUEUED, lease_owner="", attempts=0)
+    Run.objects.filter(pk=run.pk).update(lease_expires_at=None)
+    hints.clear()
+    before = timezone.now()
+
+    claimed = lease.claim(run.pk, "w9", lease.RESUME)
+
+    stored = Run.objects.get(pk=run.pk)
+    ahead = timedelta(seconds=settings.APPROVALS_LEASE_SECONDS)
+    assert (stored.status, stored.lease_owner, stored.attempts) == (RunStatus.RESUMING, "w9", 1)
+    assert before + ahead <= stored.lease_expires_at <= timezone.now() + ahead
+    assert before <= stored.updated_at <= timezone.now()
+    assert (claimed.pk, claimed.lease_owner, claimed.attempts) == (run.pk, "w9", 1)
+    assert last_event(run) == ("run.resuming", "worker w9", RunStatus.RESUMING, {"attempt": 1})
+    assert hints == [(run.tenant_id, "run.changed", {"run": run.pk, "status": RunStatus.RESUMING})]
+
+
+def test_an_attempt_writes_only_its_own_run():
+    run, other = held_run(), held_run()
+
+    assert lease.finish(run, status=RunStatus.COMPLETED, action="run.completed") is True
+
+    assert Run.objects.get(pk=run.pk).status == RunStatus.COMPLETED
+    assert row(other) == (
+        RunStatus.RESUMING,
+        "",
+        "w1",
+        Run.objects.get(pk=other.pk).lease_expires_at,
+    )
+
+
+def test_an_earlier_attempt_of_the_same_worker_no_longer_holds_the_run():
+    run = held_run()
+    # The reaper took the run back and the same worker claimed it again: attempt 2.
+    Run.objects.filter(pk=run.pk).update(attempts=2)
+    events = AuditEvent.objects.count()
+
+    assert lease.finish(run, status=RunStatus.COMPLETED, action="run.completed") is False
+
+    assert Run.objects.get(pk=run.pk).status == RunStatus.RESUMING
+    assert AuditEvent.objects.count() == events
+
+
+def test_a_finished_run_supersedes_its_pending_tickets_and_an_outcome_without_reason_says_none():
+    run = held_run()
+    Ticket.objects.filter(run=run).update(status=TicketStatus.PENDING)
+
+    assert lease.finish(run, status=RunStatus.COMPLETED, action="run.completed") is True
+
+    assert set(Ticket.objects.filter(run=run).values_list("status", flat=True)) == {
+        TicketStatus.SUPERSEDED
+    }
+    assert last_event(run) == ("run.completed", "worker w1", RunStatus.COMPLETED, {})

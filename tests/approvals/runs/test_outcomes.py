@@ -5,7 +5,7 @@ the lease's own functions on a run a worker holds."""
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 
 import pytest
@@ -274,3 +274,41 @@ def test_a_finished_run_supersedes_its_pending_tickets_and_an_outcome_without_re
         TicketStatus.SUPERSEDED
     }
     assert last_event(run) == ("run.completed", "worker w1", RunStatus.COMPLETED, {})
+
+
+@pytest.mark.parametrize(
+    ("output", "stored"),
+    [
+        ("Release 2026.07.24 is live.", "Release 2026.07.24 is live."),
+        ({"release": "2026.07.24", "live": True}, '{"release": "2026.07.24", "live": true}'),
+        ({"at": datetime(2026, 7, 24, 9, 30, tzinfo=UTC)}, '{"at": "2026-07-24 09:30:00+00:00"}'),
+    ],
+    ids=["text", "json", "json-of-a-date"],
+)
+def test_a_finished_attempt_completes_the_run_with_its_final_output(hints, output, stored):
+    run = held_run()
+    result = SimpleNamespace(interruptions=[], final_output=output)
+
+    outcome = lease.settled(run, scope_of(run), result, store_pause=pytest.fail)
+
+    assert outcome == lease.WorkOutcome(run.pk, RunStatus.COMPLETED, "", [7, 8])
+    assert Run.objects.get(pk=run.pk).final_output == stored
+    assert last_event(run)[:3] == ("run.completed", "worker w1", RunStatus.COMPLETED)
+
+
+def test_an_attempt_that_finished_after_losing_the_lease_stores_nothing_and_says_so(caplog):
+    run = held_run()
+    Run.objects.filter(pk=run.pk).update(lease_owner="w2", attempts=2)
+    result = SimpleNamespace(interruptions=[], final_output="done")
+
+    with caplog.at_level(logging.WARNING, logger=lease.logger.name):
+        outcome = lease.settled(run, scope_of(run), result, store_pause=pytest.fail)
+
+    assert outcome == lease.WorkOutcome(
+        run.pk, "lease_lost", "another worker owns the run now", [7, 8]
+    )
+    assert Run.objects.get(pk=run.pk).final_output == ""
+    (logged,) = [r for r in caplog.records if r.name == lease.logger.name]
+    assert logged.getMessage() == (
+        f"run {run.pk}: outcome not stored, the lease had passed to another worker"
+    )

@@ -4,7 +4,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install run test faults lint format migrate seed worker clean mutants
+.PHONY: install run test faults lint format migrate seed worker clean mutants mutants-sqlite \
+	mutants-postgres
 
 CLIENT := clients/python
 EXAMPLE_AGENT := examples/release-agent
@@ -41,18 +42,36 @@ faults: install
 	APPROVALS_FAULTS=1 $(BIN)/pytest tests/faults $(PYTEST_ARGS)
 
 # The mutation run over the modules that hold the guarantees ([tool.mutmut] in pyproject.toml,
-# docs/RELIABILITY.md "Mutation score"), on SQLite; not in CI. Results are kept in mutants/ and
-# only changed functions are run again; `rm -rf mutants` starts afresh. One module at a time:
-# make mutants MUTANTS='approvals.execution.ledger.*'. MUTATION_CHILDREN: processes in parallel.
+# docs/RELIABILITY.md "Mutation score"); not in CI. Two legs: every guarantee module on SQLite
+# (mutants/), then the audit chain on PostgreSQL (var/mutation-postgres/mutants/: its
+# one-statement append runs only there); the score counts each mutant's best outcome. Results
+# are kept and only changed functions are run again; `rm -rf mutants var/mutation-postgres`
+# starts afresh. One module at a time: make mutants MUTANTS='approvals.execution.ledger.*'.
+# MUTATION_CHILDREN: processes in parallel.
 MUTATION_STAMP := $(VENV)/.mutation-stamp
 MUTATION_CHILDREN ?= 2
+MUTATION_POSTGRES := var/mutation-postgres
+MUTATION_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/approvals_mutation
 $(MUTATION_STAMP): $(STAMP)
 	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test,mutation]'
 	touch $(MUTATION_STAMP)
 
-mutants: $(MUTATION_STAMP)
+mutants: mutants-sqlite mutants-postgres
+	$(BIN)/python -m devtools.mutation_score mutants $(MUTATION_POSTGRES)/mutants
+
+mutants-sqlite: $(MUTATION_STAMP)
 	DATABASE_URL= REDIS_URL= $(BIN)/mutmut run --max-children $(MUTATION_CHILDREN) $(MUTANTS)
-	$(BIN)/python -m devtools.mutation_score mutants
+
+# With MUTANTS set, the PostgreSQL leg runs only the chain's mutants among them (if any).
+POSTGRES_MUTANTS = $(filter approvals.audit.chain.%,$(MUTANTS))
+mutants-postgres: $(MUTATION_STAMP)
+ifeq ($(if $(MUTANTS),$(POSTGRES_MUTANTS),all),)
+	@echo "PostgreSQL leg: no mutant of approvals.audit.chain in MUTANTS, nothing to run."
+else
+	$(BIN)/python -m devtools.mutation_leg $(MUTATION_POSTGRES) --leg postgres
+	cd $(MUTATION_POSTGRES) && DATABASE_URL=$(MUTATION_DATABASE_URL) REDIS_URL= \
+		$(CURDIR)/$(BIN)/mutmut run --max-children $(MUTATION_CHILDREN) $(POSTGRES_MUTANTS)
+endif
 
 lint: install
 	$(BIN)/ruff check .

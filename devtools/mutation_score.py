@@ -1,8 +1,10 @@
 """The mutation score of the guarantee modules, from a mutmut run's result files.
 
-`python -m devtools.mutation_score mutants` reads the `<module>.py.meta` files mutmut writes under
-its copy of the project, prints per module how many mutants were killed, survived, timed out,
-had no test, or are known equivalents (devtools/mutation_equivalents.toml), and the total. The
+`python -m devtools.mutation_score mutants var/mutation-postgres/mutants` reads the `.py.meta`
+files mutmut writes under its copy of the project, one copy per leg of the run (a mutant counts
+as its best outcome over the legs), prints per module how many mutants were killed, survived,
+timed out, had no test, or are known equivalents (devtools/mutation_equivalents.toml), and the
+total. The
 score is killed / (all - equivalent - not checked); a timeout counts as killed (the mutant hung
 the tests, which a person notices), and a mutant no test reaches counts against the score.
 
@@ -132,6 +134,30 @@ def read_results(mutants_dir: Path) -> dict[str, dict[str, int | None]]:
     return results
 
 
+# The order of outcomes, best first: a mutant checked on both legs of the run (SQLite and
+# PostgreSQL) counts as its best one, as the suite runs on both and a failure on either kills it.
+_RANK = {
+    status: rank
+    for rank, status in enumerate(
+        ("killed", "timeout", "survived", "suspicious", "skipped", "no_tests", "not_checked")
+    )
+}
+
+
+def merge_results(
+    legs: Iterable[Mapping[str, Mapping[str, int | None]]],
+) -> dict[str, dict[str, int | None]]:
+    """The results of several legs as one: each mutant's best outcome over the legs."""
+    merged: dict[str, dict[str, int | None]] = {}
+    for leg in legs:
+        for module, exit_codes in leg.items():
+            into = merged.setdefault(module, {})
+            for name, exit_code in exit_codes.items():
+                if name not in into or _RANK[status_of(exit_code)] < _RANK[status_of(into[name])]:
+                    into[name] = exit_code
+    return merged
+
+
 def is_guarantee(module: str, patterns: Iterable[str]) -> bool:
     return any(fnmatch.fnmatch(module, pattern) for pattern in patterns)
 
@@ -179,15 +205,22 @@ def report(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m devtools.mutation_score")
-    parser.add_argument("mutants_dir", type=Path, help="mutmut's copy of the project (mutants/)")
+    parser.add_argument(
+        "mutants_dirs",
+        type=Path,
+        nargs="+",
+        metavar="mutants_dir",
+        help="mutmut's copy of the project (mutants/), one per leg of the run",
+    )
     parser.add_argument("--equivalents", type=Path, default=EQUIVALENTS)
     parser.add_argument("--pyproject", type=Path, default=ROOT / "pyproject.toml")
     parser.add_argument("--threshold", type=float, default=THRESHOLD)
     args = parser.parse_args(argv)
 
-    results = read_results(args.mutants_dir)
+    results = merge_results(read_results(path) for path in args.mutants_dirs if path.is_dir())
     if not results:
-        print(f"No mutation results under {args.mutants_dir}: run mutmut first.", file=sys.stderr)
+        where = ", ".join(str(path) for path in args.mutants_dirs)
+        print(f"No mutation results under {where}: run mutmut first.", file=sys.stderr)
         return 2
     try:
         equivalents = load_equivalents(args.equivalents)

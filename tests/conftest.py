@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import os
 import shutil
 import subprocess
@@ -11,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from django.conf import settings as django_settings
-from django.db import connection
+from django.db import DatabaseError, connection
 
 from approvals.audit import guard
 from approvals.live import hints
@@ -32,25 +34,26 @@ def _mutation_sqlite() -> bool:
 
 @pytest.fixture(scope="session")
 def django_db_keepdb(request) -> bool:
-    """Under the mutation run on SQLite each process starts from a migrated copy (below), kept
-    as it is: migrating afresh for each of a couple of thousand mutants would cost hours."""
-    return bool(request.config.getvalue("reuse_db")) or _mutation_sqlite()
+    """Under the mutation run each process starts from a migrated copy (below), kept as it is:
+    migrating afresh for each of a couple of thousand mutants would cost hours."""
+    return bool(request.config.getvalue("reuse_db")) or bool(os.environ.get("MUTANT_UNDER_TEST"))
 
 
 @pytest.fixture(scope="session")
-def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix) -> Iterator[None]:
+def django_db_modify_db_settings(
+    django_db_modify_db_settings_parallel_suffix, django_db_blocker
+) -> Iterator[None]:
     """Under the mutation run (`make mutants`) each process checks mutants in parallel with
     others: give it a test database of its own, named from the untouched NAME so that a forked
-    process never stacks suffixes on its parent's. On SQLite the first process to finish leaves
-    its migrated database as the template the next ones copy, and each removes its own copy."""
+    process never stacks suffixes on its parent's. The first process to finish leaves its
+    migrated database as the template the next ones copy, and each removes its own copy."""
     if not os.environ.get("MUTANT_UNDER_TEST"):
         yield
         return
     database = django_settings.DATABASES["default"]
     name = Path(database["NAME"])
     if not _mutation_sqlite():
-        database.setdefault("TEST", {})["NAME"] = f"test_{name.name}_{os.getpid()}"
-        yield
+        yield from _mutation_postgres_database(database, name.name, django_db_blocker)
         return
     test_file = name.with_name(f".test-{os.getpid()}-{name.name}")
     template = name.with_name(f".test-template-{name.name}")
@@ -74,6 +77,49 @@ def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix) -
         test_file.unlink(missing_ok=True)
     else:
         test_file.replace(template)
+
+
+def _migrations_digest() -> str:
+    """What the migrations say, in 10 characters: a template database of older ones is not used."""
+    digest = hashlib.sha256()
+    for path in sorted(ROOT.glob("*/migrations/*.py")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:10]
+
+
+def _mutation_postgres_database(database: dict, name: str, blocker) -> Iterator[None]:
+    """The PostgreSQL leg of the mutation run: this process's test database is a copy of a
+    migrated template (CREATE DATABASE ... TEMPLATE, a file copy on the server), made by the
+    first process to finish and named for the migrations it holds."""
+    quote = connection.ops.quote_name
+    own = f"test_{name}_{os.getpid()}"
+    prefix = f"test_{name}_template_"
+    template = prefix + _migrations_digest()
+    database.setdefault("TEST", {})["NAME"] = own
+    with blocker.unblock(), connection._nodb_cursor() as cursor:
+        cursor.execute(f"DROP DATABASE IF EXISTS {quote(own)} WITH (FORCE)")
+        cursor.execute("SELECT 1 FROM pg_database WHERE datname = %s", [template])
+        copied = cursor.fetchone() is not None
+        if copied:
+            cursor.execute(f"CREATE DATABASE {quote(own)} TEMPLATE {quote(template)}")
+    yield
+    connection.close()
+    database["NAME"] = connection.settings_dict["NAME"] = name
+    with blocker.unblock(), connection._nodb_cursor() as cursor:
+        if not copied:
+            cursor.execute("SELECT datname FROM pg_database WHERE datname LIKE %s", [prefix + "%"])
+            stale = [
+                row[0]
+                for row in cursor.fetchall()
+                if row[0].startswith(prefix) and row[0] != template
+            ]
+            for old in stale:
+                cursor.execute(f"DROP DATABASE IF EXISTS {quote(old)} WITH (FORCE)")
+            with contextlib.suppress(DatabaseError):
+                # Another process left its template first: this copy is simply dropped.
+                cursor.execute(f"ALTER DATABASE {quote(own)} RENAME TO {quote(template)}")
+                return
+        cursor.execute(f"DROP DATABASE IF EXISTS {quote(own)} WITH (FORCE)")
 
 
 @pytest.fixture(autouse=True)

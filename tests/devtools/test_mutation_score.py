@@ -124,6 +124,61 @@ def test_report_total_leaves_out_modules_outside_the_guarantee_list():
     assert (total.caught, total.scored) == (1, 1)
 
 
+CHAIN = "approvals.audit.chain.x__append_linked__mutmut_"
+
+
+def test_merge_results_takes_each_mutants_best_outcome_over_the_legs():
+    sqlite = {"approvals/audit/chain.py": {f"{CHAIN}1": 33, f"{CHAIN}2": 0, f"{CHAIN}3": 1}}
+    postgres = {"approvals/audit/chain.py": {f"{CHAIN}1": 1, f"{CHAIN}2": 0, f"{CHAIN}3": 0}}
+
+    merged = mutation_score.merge_results([sqlite, postgres])
+
+    # No test on SQLite, killed on PostgreSQL; survived on both; killed on SQLite only.
+    assert merged == {"approvals/audit/chain.py": {f"{CHAIN}1": 1, f"{CHAIN}2": 0, f"{CHAIN}3": 1}}
+
+
+def test_merge_results_keeps_the_modules_of_one_leg_alone():
+    sqlite = {"approvals/members.py": {"approvals.members.x_f__mutmut_1": 0}}
+    postgres = {"approvals/audit/chain.py": {f"{CHAIN}1": None}}
+
+    merged = mutation_score.merge_results([sqlite, postgres])
+
+    assert merged == {**sqlite, **postgres}
+
+
+def test_main_scores_the_postgresql_legs_kills_of_mutants_without_a_test_on_sqlite(
+    tmp_path, capsys
+):
+    _write_results(tmp_path / "mutants", "approvals/audit/chain.py", {f"{CHAIN}1": 33})
+    postgres = tmp_path / "var" / "mutants"
+    _write_results(postgres, "approvals/audit/chain.py", {f"{CHAIN}1": 1})
+    equivalents = tmp_path / "equivalents.toml"
+    equivalents.write_text("[equivalent]\n", "utf-8")
+    pyproject = str(_pyproject(tmp_path, "approvals/audit/chain.py"))
+
+    alone = mutation_score.main(
+        [str(tmp_path / "mutants"), "--equivalents", str(equivalents), "--pyproject", pyproject]
+    )
+    both = mutation_score.main(
+        [
+            str(tmp_path / "mutants"),
+            str(postgres),
+            "--equivalents",
+            str(equivalents),
+            "--pyproject",
+            pyproject,
+        ]
+    )
+
+    assert (alone, both) == (1, 0)
+    assert capsys.readouterr().out.splitlines()[-1].split()[:4] == [
+        "total",
+        "(guarantee",
+        "modules)",
+        "100.0%",
+    ]
+
+
 def test_load_equivalents_refuses_an_entry_without_a_reason(tmp_path):
     path = tmp_path / "equivalents.toml"
     path.write_text(f'[equivalent]\n"{LEDGER}1" = " "\n', "utf-8")

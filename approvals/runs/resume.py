@@ -105,7 +105,7 @@ def resume(*, run_id: int, worker_id: str | None = None) -> ResumeOutcome:
         return lease.not_claimed(run_id)
     tickets = list(
         Ticket.objects.filter(run=run, generation=run.state_generation)
-        .select_related("decided_by", "requested_by")
+        .select_related("decided_by")
         .order_by("pk")
     )
     scope = ledger.ResumeScope(

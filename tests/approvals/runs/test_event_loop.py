@@ -39,6 +39,27 @@ def test_what_a_run_left_running_is_cancelled_before_it_returns():
         asyncio.get_running_loop()
 
 
+def test_a_left_task_that_cleans_up_over_several_steps_is_waited_for_to_its_end():
+    cleaned: list[str] = []
+
+    async def holds_a_resource() -> None:
+        try:
+            await asyncio.sleep(3600)
+        finally:
+            # Its clean-up takes a few turns of the loop, as closing a connection does.
+            for _ in range(3):
+                await asyncio.sleep(0)
+            cleaned.append("closed")
+
+    async def leaves_it_running() -> str:
+        asyncio.create_task(holds_a_resource())
+        await asyncio.sleep(0)
+        return "done"
+
+    assert lease.run_async(leaves_it_running()) == "done"
+    assert cleaned == ["closed"]
+
+
 def test_an_error_of_the_run_reaches_the_caller_and_the_loop_stays_usable():
     async def fails():
         raise ValueError("the agent broke")

@@ -17,7 +17,11 @@ from release_agent import agent as release_agent
 from approvals.decisions.decide import decide
 from approvals.execution import registry
 from approvals.execution.ledger import idempotency_key
-from approvals.execution.state import ContextNotSerializableError, SecretInContextError
+from approvals.execution.state import (
+    ContextNotSerializableError,
+    SecretInContextError,
+    open_state,
+)
 from approvals.models import (
     AuditEvent,
     IdempotencyRecord,
@@ -411,3 +415,13 @@ def test_an_effect_a_dead_start_left_unconfirmed_parks_the_restart(deploys):
     assert (outcome.status, run.status) == (RunStatus.NEEDS_ATTENTION, RunStatus.NEEDS_ATTENTION)
     assert "deploy_release on 2026.07.25@staging was started by attempt w1#1" in run.status_reason
     assert effects(deploys) == []
+
+
+def test_the_worker_runs_the_agent_with_the_starts_context_and_the_pause_keeps_it():
+    run = started(PRODUCTION, context={"ticket": "CHG-4711"})
+
+    start(run_id=run.pk, worker_id="w1")
+
+    run.refresh_from_db()
+    assert run.status == RunStatus.PAUSED
+    assert open_state(run)["context"]["context"] == {"ticket": "CHG-4711"}

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 from django.conf import settings as django_settings
-from django.db import DatabaseError, connection
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, connection, connections
+from django.db.migrations.executor import MigrationExecutor
 
 from approvals.audit import guard
 from approvals.live import hints
@@ -90,12 +91,17 @@ def _migrations_digest() -> str:
 def _mutation_postgres_database(database: dict, name: str, blocker) -> Iterator[None]:
     """The PostgreSQL leg of the mutation run: this process's test database is a copy of a
     migrated template (CREATE DATABASE ... TEMPLATE, a file copy on the server), made by the
-    first process to finish and named for the migrations it holds."""
+    first process to finish with every migration applied, and named for the migrations."""
     quote = connection.ops.quote_name
     own = f"test_{name}_{os.getpid()}"
     prefix = f"test_{name}_template_"
     template = prefix + _migrations_digest()
     database.setdefault("TEST", {})["NAME"] = own
+    # No connection pool: a process forked from one that had the pool inherits it without its
+    # threads (getconn then waits seconds in vain), and each session has a database of its own.
+    for options in (database.setdefault("OPTIONS", {}), connection.settings_dict["OPTIONS"]):
+        options["pool"] = False
+    type(connections[DEFAULT_DB_ALIAS])._connection_pools.pop(DEFAULT_DB_ALIAS, None)
     with blocker.unblock(), connection._nodb_cursor() as cursor:
         cursor.execute(f"DROP DATABASE IF EXISTS {quote(own)} WITH (FORCE)")
         cursor.execute("SELECT 1 FROM pg_database WHERE datname = %s", [template])
@@ -103,23 +109,35 @@ def _mutation_postgres_database(database: dict, name: str, blocker) -> Iterator[
         if copied:
             cursor.execute(f"CREATE DATABASE {quote(own)} TEMPLATE {quote(template)}")
     yield
+    # A session whose set-up failed (mutmut's forced failure) leaves a database half made.
+    with blocker.unblock():
+        keep = not copied and _fully_migrated()
     connection.close()
     database["NAME"] = connection.settings_dict["NAME"] = name
     with blocker.unblock(), connection._nodb_cursor() as cursor:
-        if not copied:
+        if keep:
             cursor.execute("SELECT datname FROM pg_database WHERE datname LIKE %s", [prefix + "%"])
-            stale = [
-                row[0]
-                for row in cursor.fetchall()
-                if row[0].startswith(prefix) and row[0] != template
-            ]
-            for old in stale:
-                cursor.execute(f"DROP DATABASE IF EXISTS {quote(old)} WITH (FORCE)")
+            for (stale,) in cursor.fetchall():
+                if stale.startswith(prefix) and stale != template:
+                    cursor.execute(f"DROP DATABASE IF EXISTS {quote(stale)} WITH (FORCE)")
+            # A test's thread may still hold a connection, which a rename would fail on.
+            cursor.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", [own]
+            )
             with contextlib.suppress(DatabaseError):
-                # Another process left its template first: this copy is simply dropped.
+                # Unless another process left its template first: then this copy is dropped.
                 cursor.execute(f"ALTER DATABASE {quote(own)} RENAME TO {quote(template)}")
                 return
         cursor.execute(f"DROP DATABASE IF EXISTS {quote(own)} WITH (FORCE)")
+
+
+def _fully_migrated() -> bool:
+    """Whether the test database of this session has every migration applied."""
+    try:
+        executor = MigrationExecutor(connection)
+        return not executor.migration_plan(executor.loader.graph.leaf_nodes())
+    except DatabaseError:
+        return False
 
 
 @pytest.fixture(autouse=True)

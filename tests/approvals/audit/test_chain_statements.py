@@ -13,6 +13,10 @@ from tests.support import TenantFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
+POSTGRES_ONLY = pytest.mark.skipif(
+    connection.vendor != "postgresql", reason="the one-statement append"
+)
+
 
 def _statements(queries) -> list[str]:
     return [q["sql"] for q in queries if q["sql"] not in ("BEGIN", "COMMIT", "ROLLBACK")]
@@ -22,7 +26,7 @@ def _append(tenant, outcome: str):
     return audit.append(tenant_id=tenant.pk, action="run.paused", outcome=outcome)
 
 
-@pytest.mark.skipif(connection.vendor != "postgresql", reason="the one-statement append")
+@POSTGRES_ONLY
 def test_two_events_of_one_transaction_cost_three_statements():
     tenant = TenantFactory(slug="acme")
 
@@ -96,3 +100,49 @@ def test_another_writer_between_transactions_is_seen():
 def _append_in_transaction(tenant, outcome: str):
     with transaction.atomic():
         return _append(tenant, outcome)
+
+
+@POSTGRES_ONLY
+def test_the_append_statement_known_answer(monkeypatch):
+    # Built once a process and kept: build it afresh here, as a new worker does.
+    monkeypatch.setattr(audit, "_INSERT_SQL", None)
+    monkeypatch.setattr(audit, "_INSERT_FIELDS", [])
+
+    sql = audit._insert_sql()
+
+    assert sql == (
+        'WITH moved AS (UPDATE "approvals_tenant" SET audit_seq = %s, audit_head = %s '
+        "WHERE id = %s AND audit_seq = %s AND audit_head = %s RETURNING id) "
+        'INSERT INTO "approvals_auditevent" ("tenant_id", "seq", "created_at", "actor_id", '
+        '"actor_name", "action", "run_id", "ticket_id", "tool_name", "arguments_digest", '
+        '"outcome", "detail", "prev_hash", "hash", "hash_key_id") '
+        "SELECT %s::bigint, %s::bigint, %s::timestamp with time zone, %s::integer, "
+        "%s::varchar(150), %s::varchar(64), %s::bigint, %s::bigint, %s::varchar(200), "
+        "%s::varchar(64), %s::varchar(64), %s::jsonb, %s::varchar(64), %s::varchar(64), "
+        "%s::varchar(32) FROM moved RETURNING id"
+    )
+    assert [f.attname for f in audit._INSERT_FIELDS] == [
+        f.attname for f in AuditEvent._meta.concrete_fields if not f.primary_key
+    ]
+    assert audit._insert_sql() is sql
+
+
+def test_an_appended_event_is_a_stored_row_of_this_database():
+    tenant = TenantFactory(slug="acme")
+
+    event = _append_in_transaction(tenant, "stored")
+
+    assert (event._state.adding, event._state.db) == (False, connection.alias)
+    assert event.pk == AuditEvent.objects.get(tenant=tenant, seq=1).pk
+
+
+@POSTGRES_ONLY
+def test_a_head_that_moved_under_the_row_lock_is_an_error_naming_the_tenant(monkeypatch):
+    tenant = TenantFactory(slug="acme")
+    # As if another writer moved the head without the tenant's row lock.
+    monkeypatch.setattr(audit, "_try_linked", lambda event, seq, head: False)
+
+    with pytest.raises(RuntimeError) as raised, transaction.atomic():
+        _append(tenant, "lost")
+
+    assert str(raised.value) == f"tenant {tenant.pk}'s audit head moved under its row lock"

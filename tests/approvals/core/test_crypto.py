@@ -314,6 +314,47 @@ def test_rotate_keys_counts_runs_another_rotation_resealed_meanwhile_once(ring, 
 
 
 @pytest.mark.django_db
+def test_rotate_keys_goes_on_past_a_run_another_rotation_resealed_meanwhile(ring, monkeypatch):
+    tenant = TenantFactory()
+    first, second = paused_run(tenant), paused_run(tenant, prompt="Deploy 2026.07.25 to staging")
+    ring(("k2", K2), ("k1", K1))
+    atomic = state.transaction.atomic
+    resealed: list[int] = []
+
+    def another_rotation_reseals_the_first(*args, **kwargs):
+        # Between this rotation's read of the stale runs and its first lock, another one
+        # re-seals the first run only.
+        if not resealed:
+            run = Run.objects.get(pk=first.pk)
+            sealed = crypto.Sealed(
+                run.state_key_id, bytes(run.state_nonce), bytes(run.state_ciphertext)
+            )
+            binding = state.binding(run, run.state_generation)
+            plaintext = crypto.open_sealed(sealed, purpose=state.STATE_PURPOSE, **binding)
+            state.seal_state(run, plaintext, run.state_generation)
+            run.save(update_fields=["state_key_id", "state_nonce", "state_ciphertext"])
+            resealed.append(run.pk)
+        return atomic(*args, **kwargs)
+
+    monkeypatch.setattr(
+        state, "transaction", SimpleNamespace(atomic=another_rotation_reseals_the_first)
+    )
+
+    counts = rotate_keys()
+
+    assert resealed == [first.pk]
+    assert counts == {"rotated": 1, "already_current": 1, "failed": 0}
+    assert [Run.objects.get(pk=run.pk).state_key_id for run in (first, second)] == ["k2", "k2"]
+    # Each still opens, under the new key.
+    assert [
+        open_state(Run.objects.get(pk=run.pk))["$schemaVersion"] for run in (first, second)
+    ] == [
+        first.schema_version,
+        second.schema_version,
+    ]
+
+
+@pytest.mark.django_db
 def test_rotate_keys_counts_every_run_it_rotated_or_could_not_open_and_goes_on_past_those(
     ring,
 ):

@@ -62,7 +62,10 @@ mutants: mutants-sqlite mutants-postgres
 mutants-sqlite: $(MUTATION_STAMP)
 	DATABASE_URL= REDIS_URL= $(BIN)/mutmut run --max-children $(MUTATION_CHILDREN) $(MUTANTS)
 
-# With MUTANTS set, the PostgreSQL leg runs only the chain's mutants among them (if any).
+# The PostgreSQL leg runs the functions of the chain only PostgreSQL reaches (the rest of the chain
+# is checked on SQLite); with MUTANTS set, only the chain's mutants among them (if any).
+CHAIN_ON_POSTGRES := $(foreach f,append _guesses _released _holding _insert_sql _try_linked \
+	_append_linked,'approvals.audit.chain.x_$(f)__mutmut_*')
 POSTGRES_MUTANTS = $(filter approvals.audit.chain.%,$(MUTANTS))
 mutants-postgres: $(MUTATION_STAMP)
 ifeq ($(if $(MUTANTS),$(POSTGRES_MUTANTS),all),)
@@ -70,7 +73,8 @@ ifeq ($(if $(MUTANTS),$(POSTGRES_MUTANTS),all),)
 else
 	$(BIN)/python -m devtools.mutation_leg $(MUTATION_POSTGRES) --leg postgres
 	cd $(MUTATION_POSTGRES) && DATABASE_URL=$(MUTATION_DATABASE_URL) REDIS_URL= \
-		$(CURDIR)/$(BIN)/mutmut run --max-children $(MUTATION_CHILDREN) $(POSTGRES_MUTANTS)
+		$(CURDIR)/$(BIN)/mutmut run --max-children $(MUTATION_CHILDREN) \
+		$(or $(POSTGRES_MUTANTS),$(CHAIN_ON_POSTGRES))
 endif
 
 lint: install

@@ -106,14 +106,18 @@ def sealed_fields(run: Run) -> dict[str, object]:
     }
 
 
-def open_state(run: Run) -> dict:
-    """The run's stored state as JSON. Raises crypto.CryptoError when it cannot be trusted."""
-    plaintext = crypto.open_sealed(
+def open_sealed_state(run: Run) -> bytes:
+    """The run's stored state as sealed. Raises crypto.CryptoError when it cannot be trusted."""
+    return crypto.open_sealed(
         crypto.Sealed(run.state_key_id, bytes(run.state_nonce), bytes(run.state_ciphertext)),
         purpose=STATE_PURPOSE,
         **binding(run, run.state_generation),
     )
-    return json.loads(plaintext)
+
+
+def open_state(run: Run) -> dict:
+    """The run's stored state as JSON. Raises crypto.CryptoError when it cannot be trusted."""
+    return json.loads(open_sealed_state(run))
 
 
 def rotate_keys() -> dict[str, int]:
@@ -134,13 +138,7 @@ def rotate_keys() -> dict[str, int]:
                 # Another rotation re-sealed it meanwhile: counted with the current ones below.
                 continue
             try:
-                plaintext = crypto.open_sealed(
-                    crypto.Sealed(
-                        run.state_key_id, bytes(run.state_nonce), bytes(run.state_ciphertext)
-                    ),
-                    purpose=STATE_PURPOSE,
-                    **binding(run, run.state_generation),
-                )
+                plaintext = open_sealed_state(run)
             except crypto.CryptoError:
                 counts["failed"] += 1
                 continue

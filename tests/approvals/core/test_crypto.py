@@ -8,7 +8,6 @@ import os
 from types import SimpleNamespace
 
 import pytest
-from django.db import transaction
 
 from approvals.core import crypto
 from approvals.execution import state
@@ -285,25 +284,27 @@ def test_rotate_keys_writes_one_audit_event_per_tenant(ring):
     ]
 
 
+def _before_the_first_lock(monkeypatch, act) -> None:
+    """Run act() once, between rotate_keys' read of the stale runs and its first lock."""
+    atomic, done = state.transaction.atomic, []
+
+    def first(*args, **kwargs):
+        if not done:
+            done.append(True)
+            act()
+        return atomic(*args, **kwargs)
+
+    monkeypatch.setattr(state, "transaction", SimpleNamespace(atomic=first))
+
+
 @pytest.mark.django_db
 def test_rotate_keys_counts_runs_another_rotation_resealed_meanwhile_once(ring, monkeypatch):
     tenant = TenantFactory()
     runs = [paused_run(tenant), paused_run(tenant, prompt="Deploy release 2026.07.25 to staging")]
     ring(("k2", K2), ("k1", K1))
-    atomic = state.transaction.atomic
     other: list[dict[str, int]] = []
-
-    def another_rotation_first(*args, **kwargs):
-        # Between this rotation's read of the stale runs and its first lock, another one
-        # re-seals them all.
-        if not other:
-            monkeypatch.setattr(state, "transaction", transaction)
-            other.append(rotate_keys())
-            monkeypatch.setattr(state, "transaction", racing)
-        return atomic(*args, **kwargs)
-
-    racing = SimpleNamespace(atomic=another_rotation_first)
-    monkeypatch.setattr(state, "transaction", racing)
+    # Another rotation re-seals them all.
+    _before_the_first_lock(monkeypatch, lambda: other.append(rotate_keys()))
 
     counts = rotate_keys()
 
@@ -318,27 +319,15 @@ def test_rotate_keys_goes_on_past_a_run_another_rotation_resealed_meanwhile(ring
     tenant = TenantFactory()
     first, second = paused_run(tenant), paused_run(tenant, prompt="Deploy 2026.07.25 to staging")
     ring(("k2", K2), ("k1", K1))
-    atomic = state.transaction.atomic
     resealed: list[int] = []
 
-    def another_rotation_reseals_the_first(*args, **kwargs):
-        # Between this rotation's read of the stale runs and its first lock, another one
-        # re-seals the first run only.
-        if not resealed:
-            run = Run.objects.get(pk=first.pk)
-            sealed = crypto.Sealed(
-                run.state_key_id, bytes(run.state_nonce), bytes(run.state_ciphertext)
-            )
-            binding = state.binding(run, run.state_generation)
-            plaintext = crypto.open_sealed(sealed, purpose=state.STATE_PURPOSE, **binding)
-            state.seal_state(run, plaintext, run.state_generation)
-            run.save(update_fields=["state_key_id", "state_nonce", "state_ciphertext"])
-            resealed.append(run.pk)
-        return atomic(*args, **kwargs)
+    def another_rotation_reseals_the_first() -> None:
+        run = Run.objects.get(pk=first.pk)
+        state.seal_state(run, state.open_sealed_state(run), run.state_generation)
+        run.save(update_fields=["state_key_id", "state_nonce", "state_ciphertext"])
+        resealed.append(run.pk)
 
-    monkeypatch.setattr(
-        state, "transaction", SimpleNamespace(atomic=another_rotation_reseals_the_first)
-    )
+    _before_the_first_lock(monkeypatch, another_rotation_reseals_the_first)
 
     counts = rotate_keys()
 

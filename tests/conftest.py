@@ -8,10 +8,12 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from asgiref.sync import SyncToAsync
 from django.conf import settings as django_settings
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connection, connections
 from django.db.migrations.executor import MigrationExecutor
@@ -24,6 +26,17 @@ from devtools.processes import child_env, database_url  # noqa: F401 - tests imp
 ROOT = Path(__file__).resolve().parent.parent
 # How long a test process under the mutation run waits for SQLite's write lock.
 MUTATION_LOCK_WAIT_S = 3
+
+
+def _fresh_thread_sensitive_executor() -> None:
+    """asgiref runs thread-sensitive sync code, outside a request, on one executor thread made
+    at first use. A process forked after that (the mutation run forks one per mutant from the
+    process that ran the suite) inherits the executor without its thread, and the executor,
+    thinking its thread idle, never starts another: the work handed to it would never run."""
+    SyncToAsync.single_thread_executor = ThreadPoolExecutor(max_workers=1)
+
+
+os.register_at_fork(after_in_child=_fresh_thread_sensitive_executor)
 
 
 def _mutation_sqlite() -> bool:

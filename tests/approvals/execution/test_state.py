@@ -1,0 +1,61 @@
+"""What a paused run's state is sealed under, and what it may never hold."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from approvals.execution import state
+
+REFUSAL = (
+    "the run's context holds what looks like a secret, which must never be stored: {}. Leave "
+    "it out with a context_serializer and re-inject it in the context_deserializer from the "
+    "environment."
+)
+
+
+def test_binding_known_answer():
+    """What every sealed state is bound to: renaming a part would leave stored states unopenable."""
+    run = SimpleNamespace(tenant_id=4, pk=17)
+
+    assert state.binding(run, 3) == {"tenant": 4, "run": 17, "generation": 3}
+
+
+def test_refuse_secrets_names_each_path_in_the_context_and_the_tool_input_word_for_word():
+    state_json = {
+        "context": {
+            "context": {"team": "ops", "api_key": "sk-a"},
+            "tool_input": {"release": "2026.12", "password": "hunter2"},
+        }
+    }
+
+    with pytest.raises(state.SecretInContextError) as refused:
+        state.refuse_secrets(state_json)
+
+    assert str(refused.value) == REFUSAL.format(
+        "context.api_key (key name), tool_input.password (key name)"
+    )
+
+
+def test_refuse_secrets_finds_a_secret_in_the_tool_input_alone():
+    state_json = {"context": {"context": {"team": "ops"}, "tool_input": {"token": "abc"}}}
+
+    with pytest.raises(state.SecretInContextError) as refused:
+        state.refuse_secrets(state_json)
+
+    assert str(refused.value) == REFUSAL.format("tool_input.token (key name)")
+
+
+@pytest.mark.parametrize(
+    "state_json",
+    [
+        {},
+        {"context": None},
+        {"context": {"context": {"team": "ops"}, "tool_input": {"release": "2026.12"}}},
+        {"context": {"context": {"api_key": ""}, "tool_input": {"password": None}}},
+    ],
+    ids=["no-context", "context-not-a-mapping", "nothing-secret", "secret-names-left-empty"],
+)
+def test_refuse_secrets_passes_a_state_with_nothing_secret(state_json):
+    assert state.refuse_secrets(state_json) is None

@@ -61,7 +61,9 @@ def serialize_state(
             if not isinstance(serialized, Mapping):
                 raise TypeError("the context_serializer must return a mapping")
             state_json["context"]["context"] = dict(serialized)
-            state_json["context"]["context_meta"]["serialized_via"] = "context_serializer"
+            # As the SDK marks what its serializer made: only the deserializer rebuilds it whole.
+            meta = state_json["context"]["context_meta"]
+            meta["serialized_via"], meta["requires_deserializer"] = "context_serializer", True
         payload = json.dumps(state_json, ensure_ascii=False, allow_nan=False).encode()
     except (UserError, TypeError, ValueError) as error:
         raise ContextNotSerializableError(

@@ -192,7 +192,8 @@ def _loaded_calls(spec: registry.AgentSpec, value: dict, expected: int) -> list[
                 spec.build(),
                 value,
                 context_deserializer=spec.context_deserializer,
-                strict_context=spec.context_deserializer is not None,
+                # Only its calls are read here: the caller resumes it, rebuilding its own context.
+                strict_context=False,
             )
         )
         calls = [PendingCall.of(item) for item in loaded.get_interruptions()]

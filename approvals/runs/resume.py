@@ -33,7 +33,9 @@ async def _resume_async(run: Run, tickets: list[Ticket], state_json: dict) -> An
             agent,
             state_json,
             context_deserializer=spec.context_deserializer,
-            strict_context=spec.context_deserializer is not None,
+            # A context only a deserializer rebuilds whole (a serializer left parts of it out) is
+            # refused when the deployed agent has none, never run with what was left of it.
+            strict_context=True,
         )
     except Exception as error:
         raise checks.Refusal(

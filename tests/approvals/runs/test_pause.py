@@ -303,7 +303,10 @@ def test_pause_run_with_serializer_leaves_secret_of_mapping_context_out():
 
     run = pause(result, tenant, context_serializer=without_secret)
 
-    assert open_state(run)["context"]["context"] == {"customer": "acme"}
+    context = open_state(run)["context"]
+    assert context["context"] == {"customer": "acme"}
+    # The state says the serializer made its context, as the SDK says for the contexts it serializes.
+    assert context["context_meta"]["serialized_via"] == "context_serializer"
     assert_secret_not_stored(run)
 
 

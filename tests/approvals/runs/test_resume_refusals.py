@@ -4,12 +4,16 @@ the refusal is what a person reads on the run's page, so its sentence is the con
 from __future__ import annotations
 
 import pytest
-from agents import Agent
+from agents import Agent, tool_namespace
+from agents.testing import ScriptedModel, function_call
 
-from approvals.models import Run, RunStatus, Ticket
+from approvals.decisions.decide import decide
+from approvals.execution.state import open_state
+from approvals.models import Role, Run, RunStatus, Ticket
 from approvals.runs.resume import resume
 from devtools import demo
 from tests.approvals.runs.test_resume import assert_refused, decided_run
+from tests.support import TenantFactory, member, paused_run
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -21,12 +25,26 @@ def build_release_agent_without_its_tool() -> Agent:
     return Agent(name="release", model=demo.build_release_agent().model, tools=[])
 
 
+def build_release_agent_in_a_namespace() -> Agent:
+    """The release agent with its tool in the namespace "ops", called there by the model."""
+    call = {"release": "2026.12.04", "environment": "production"}
+    return Agent(
+        name="release",
+        model=ScriptedModel(
+            [[function_call("deploy_release", call, call_id="c1", namespace="ops")]]
+        ),
+        tools=tool_namespace(name="ops", description="Operations", tools=[demo.deploy_release]),
+    )
+
+
 def build_agent_of_another_name() -> Agent:
     return Agent(name="invoice", model=demo.build_release_agent().model, tools=[])
 
 
 def _deploy(settings, factory: str) -> None:
-    settings.APPROVALS_AGENTS = {**settings.APPROVALS_AGENTS, "release": {"1": f"{HERE}.{factory}"}}
+    """Version 1 of the release agent built by another factory, its context kept as it was."""
+    release = {**settings.APPROVALS_AGENTS["release"]["1"], "factory": f"{HERE}.{factory}"}
+    settings.APPROVALS_AGENTS = {**settings.APPROVALS_AGENTS, "release": {"1": release}}
 
 
 def test_a_tool_the_deployed_agent_no_longer_has_is_refused_naming_the_tool_and_agent(settings):
@@ -70,6 +88,35 @@ def test_a_state_the_deployed_code_cannot_load_is_refused_with_the_sdks_reason(s
     assert run.status_reason.endswith(")")
 
 
+def test_a_context_its_serializer_cut_is_refused_by_a_deployment_without_the_deserializer(settings):
+    """The serializer left the deploy token out; only the deserializer puts it back. A version
+    deployed without one must not run the deploy with what was left of the context."""
+    tenant = TenantFactory()
+    run = paused_run(
+        tenant,
+        context={"team": "ops", "deploy_token": "dt-3f9a"},
+        requested_by=member(tenant, Role.VIEWER),
+    )
+    decide(Ticket.objects.get(run=run), user=member(tenant, Role.APPROVER), approve=True)
+    meta = open_state(run)["context"]["context_meta"]
+    assert (meta["serialized_via"], meta["requires_deserializer"]) == ("context_serializer", True)
+    release = settings.APPROVALS_AGENTS["release"]["1"]
+    settings.APPROVALS_AGENTS = {
+        **settings.APPROVALS_AGENTS,
+        "release": {"1": {k: v for k, v in release.items() if k != "context_deserializer"}},
+    }
+
+    outcome = resume(run_id=run.pk, worker_id="w1")
+
+    assert_refused(
+        outcome,
+        run,
+        status=RunStatus.NEEDS_ATTENTION,
+        reason="Regenerate the approval: the stored state cannot be loaded by this code (",
+    )
+    assert "provide context_deserializer" in run.status_reason
+
+
 def test_a_call_in_the_state_without_its_ticket_is_refused_naming_the_call():
     run, ticket, _ = decided_run()
     call_id = ticket.tool_call_id
@@ -95,6 +142,23 @@ def test_a_changed_tool_name_is_refused_naming_both_tools():
     assert outcome.reason == (
         f"ticket {ticket.pk} was shown as a call of publish_invoice, but the stored state calls "
         "deploy_release; nothing was run"
+    )
+
+
+def test_a_changed_tool_name_of_a_namespaced_call_names_the_call_with_its_namespace(settings):
+    _deploy(settings, "build_release_agent_in_a_namespace")
+    tenant = TenantFactory()
+    run = paused_run(tenant, requested_by=member(tenant, Role.VIEWER))
+    ticket = Ticket.objects.get(run=run)
+    assert ticket.tool_name == "ops.deploy_release"
+    decide(ticket, user=member(tenant, Role.APPROVER), approve=True)
+    Ticket.objects.filter(pk=ticket.pk).update(tool_name="ops.publish_invoice")
+
+    outcome = resume(run_id=run.pk, worker_id="w1")
+
+    assert outcome.reason == (
+        f"ticket {ticket.pk} was shown as a call of ops.publish_invoice, but the stored state "
+        "calls ops.deploy_release; nothing was run"
     )
 
 

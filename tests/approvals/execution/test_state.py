@@ -59,3 +59,47 @@ def test_refuse_secrets_finds_a_secret_in_the_tool_input_alone():
 )
 def test_refuse_secrets_passes_a_state_with_nothing_secret(state_json):
     assert state.refuse_secrets(state_json) is None
+
+
+class _State:
+    """A paused state as serialize_state sees it: only its to_json."""
+
+    def __init__(self, context: object) -> None:
+        self.context = context
+
+    def to_json(self, **_options) -> dict:
+        meta = {"serialized_via": "mapping", "requires_deserializer": False}
+        return {"context": {"context": self.context, "context_meta": meta}}
+
+
+NOT_STORABLE = (
+    "the run's context cannot be stored: {}. Keep connections, locks and clients out of the "
+    "context, or give the agent a context_serializer that leaves them out."
+)
+
+
+def test_serialize_state_stores_text_as_utf8_not_escaped():
+    state_json, payload = state.serialize_state(
+        _State({"note": "Déploiement validé"}), context={"note": "Déploiement validé"}
+    )
+
+    assert "Déploiement validé".encode() in payload
+    assert state_json["context"]["context"] == {"note": "Déploiement validé"}
+
+
+def test_serialize_state_refuses_a_number_json_cannot_hold_word_for_word():
+    with pytest.raises(state.ContextNotSerializableError) as refused:
+        state.serialize_state(_State({"ratio": float("nan")}), context={"ratio": float("nan")})
+
+    assert str(refused.value) == NOT_STORABLE.format(
+        "Out of range float values are not JSON compliant"
+    )
+
+
+def test_serialize_state_refuses_a_serializer_that_returns_no_mapping_word_for_word():
+    with pytest.raises(state.ContextNotSerializableError) as refused:
+        state.serialize_state(
+            _State({"team": "ops"}), context={"team": "ops"}, context_serializer=lambda c: ["ops"]
+        )
+
+    assert str(refused.value) == NOT_STORABLE.format("the context_serializer must return a mapping")

@@ -103,3 +103,13 @@ def test_serialize_state_refuses_a_serializer_that_returns_no_mapping_word_for_w
         )
 
     assert str(refused.value) == NOT_STORABLE.format("the context_serializer must return a mapping")
+
+
+def test_refuse_secrets_names_the_first_five_paths_only():
+    context = {f"token_{n}": "x" for n in range(1, 7)}
+
+    with pytest.raises(state.SecretInContextError) as refused:
+        state.refuse_secrets({"context": {"context": context}})
+
+    named = ", ".join(f"context.token_{n} (key name)" for n in range(1, 6))
+    assert str(refused.value) == REFUSAL.format(named)

@@ -70,18 +70,22 @@ def test_a_tool_the_deployed_agent_no_longer_has_is_refused_naming_the_tool_and_
     )
 
 
-def test_a_state_the_deployed_code_cannot_load_is_refused_with_the_sdks_reason(settings):
-    run, _, _ = decided_run()
-    _deploy(settings, "build_agent_of_another_name")
-
-    outcome = resume(run_id=run.pk, worker_id="w1")
-
+def _assert_cannot_be_loaded(outcome, run: Run) -> None:
     assert_refused(
         outcome,
         run,
         status=RunStatus.NEEDS_ATTENTION,
         reason="Regenerate the approval: the stored state cannot be loaded by this code (",
     )
+
+
+def test_a_state_the_deployed_code_cannot_load_is_refused_with_the_sdks_reason(settings):
+    run, _, _ = decided_run()
+    _deploy(settings, "build_agent_of_another_name")
+
+    outcome = resume(run_id=run.pk, worker_id="w1")
+
+    _assert_cannot_be_loaded(outcome, run)
     assert run.status_reason.startswith(
         "Regenerate the approval: the stored state cannot be loaded by this code ("
     )
@@ -108,12 +112,7 @@ def test_a_context_its_serializer_cut_is_refused_by_a_deployment_without_the_des
 
     outcome = resume(run_id=run.pk, worker_id="w1")
 
-    assert_refused(
-        outcome,
-        run,
-        status=RunStatus.NEEDS_ATTENTION,
-        reason="Regenerate the approval: the stored state cannot be loaded by this code (",
-    )
+    _assert_cannot_be_loaded(outcome, run)
     assert "provide context_deserializer" in run.status_reason
 
 

@@ -305,8 +305,9 @@ def test_pause_run_with_serializer_leaves_secret_of_mapping_context_out():
 
     context = open_state(run)["context"]
     assert context["context"] == {"customer": "acme"}
-    # The state says the serializer made its context, as the SDK says for the contexts it serializes.
-    assert context["context_meta"]["serialized_via"] == "context_serializer"
+    # Marked as the SDK marks what its own serializer made: only the deserializer rebuilds it.
+    meta = context["context_meta"]
+    assert (meta["serialized_via"], meta["requires_deserializer"]) == ("context_serializer", True)
     assert_secret_not_stored(run)
 
 

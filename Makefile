@@ -46,8 +46,9 @@ faults: install
 # (mutants/), then the audit chain on PostgreSQL (var/mutation-postgres/mutants/: its
 # one-statement append runs only there); the score counts each mutant's best outcome. Results
 # are kept and only changed functions are run again; `rm -rf mutants var/mutation-postgres`
-# starts afresh. One module at a time: make mutants MUTANTS='approvals.execution.ledger.*'.
-# MUTATION_CHILDREN: processes in parallel.
+# starts afresh. The known equivalents (devtools/mutation_equivalents.toml) are not run
+# (devtools/mutation_run.py) unless named in MUTANTS. One module at a time:
+# make mutants MUTANTS='approvals.execution.ledger.*'. MUTATION_CHILDREN: processes in parallel.
 MUTATION_STAMP := $(VENV)/.mutation-stamp
 MUTATION_CHILDREN ?= 2
 MUTATION_POSTGRES := var/mutation-postgres
@@ -60,7 +61,8 @@ mutants: mutants-sqlite mutants-postgres
 	$(BIN)/python -m devtools.mutation_score mutants $(MUTATION_POSTGRES)/mutants
 
 mutants-sqlite: $(MUTATION_STAMP)
-	DATABASE_URL= REDIS_URL= $(BIN)/mutmut run --max-children $(MUTATION_CHILDREN) $(MUTANTS)
+	DATABASE_URL= REDIS_URL= $(BIN)/python -m devtools.mutation_run --max-children \
+		$(MUTATION_CHILDREN) $(MUTANTS)
 
 # The PostgreSQL leg runs the functions of the chain only PostgreSQL reaches (the rest of the chain
 # is checked on SQLite); with MUTANTS set, only the chain's mutants among them (if any).
@@ -73,7 +75,7 @@ ifeq ($(if $(MUTANTS),$(POSTGRES_MUTANTS),all),)
 else
 	$(BIN)/python -m devtools.mutation_leg $(MUTATION_POSTGRES) --leg postgres
 	cd $(MUTATION_POSTGRES) && DATABASE_URL=$(MUTATION_DATABASE_URL) REDIS_URL= \
-		$(CURDIR)/$(BIN)/mutmut run --max-children $(MUTATION_CHILDREN) \
+		$(CURDIR)/$(BIN)/python -m devtools.mutation_run --max-children $(MUTATION_CHILDREN) \
 		$(or $(POSTGRES_MUTANTS),$(CHAIN_ON_POSTGRES))
 endif
 

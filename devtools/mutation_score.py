@@ -4,9 +4,14 @@
 files mutmut writes under its copy of the project, one copy per leg of the run (a mutant counts
 as its best outcome over the legs), prints per module how many mutants were killed, survived,
 timed out, had no test, or are known equivalents (devtools/mutation_equivalents.toml), and the
-total. The
-score is killed / (all - equivalent - not checked); a timeout counts as killed (the mutant hung
+total. The score is killed / (all - equivalent - not checked); a timeout counts as killed (the mutant hung
 the tests, which a person notices), and a mutant no test reaches counts against the score.
+
+A known equivalent is listed with the change it makes (a fingerprint of its diff's changed lines):
+mutmut numbers a function's mutants in order, so an edit to the function can give a listed number
+to another change. Where the run's copy of the code can be read, a listed equivalent whose change
+differs is not set aside but reported, to be checked again (`--changes` prints the fingerprints
+of the listed equivalents as they are now).
 
 Exits 1 when the guarantee modules ([tool.mutmut] only_mutate in pyproject.toml) score below
 90 % together, 2 when there is no result to read.
@@ -15,7 +20,9 @@ Exits 1 when the guarantee modules ([tool.mutmut] only_mutate in pyproject.toml)
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fnmatch
+import hashlib
 import json
 import sys
 import tomllib
@@ -96,6 +103,82 @@ def load_equivalents(path: Path) -> dict[str, str]:
     return dict(equivalents)
 
 
+def load_changes(path: Path) -> dict[str, str]:
+    """Each known equivalent's change, name -> fingerprint, from the [change] table.
+
+    Raises:
+        ValueError: an equivalent has no change listed, or a change names no listed equivalent.
+    """
+    if not path.exists():
+        return {}
+    data = tomllib.loads(path.read_text("utf-8"))
+    equivalents, changes = data.get("equivalent", {}), data.get("change", {})
+    for name in equivalents:
+        if not isinstance(changes.get(name), str):
+            raise ValueError(
+                f"{path}: equivalent mutant {name} needs its change in [change]: "
+                f"python -m devtools.mutation_score mutants --changes prints it."
+            )
+    for name in changes:
+        if name not in equivalents:
+            raise ValueError(f"{path}: [change] lists {name}, which is not a known equivalent.")
+    return dict(changes)
+
+
+def changed_lines(diff: str) -> list[str]:
+    """The lines a mutant's unified diff removes and adds, without their indentation."""
+    return [
+        f"{line[0]} {line[1:].strip()}"
+        for line in diff.splitlines()
+        if line[:1] in "+-" and not line.startswith(("+++", "---"))
+    ]
+
+
+def fingerprint(diff: str) -> str:
+    """A mutant's change in 12 characters: its diff's changed lines, whatever the context."""
+    return hashlib.sha256("\n".join(changed_lines(diff)).encode("utf-8")).hexdigest()[:12]
+
+
+def mutant_diff(mutants_dir: Path, module: str, name: str) -> str | None:
+    """The diff mutmut shows for one mutant of module, from the run's copy of the code; None
+    where that copy cannot be read (no generated code, or no such mutant in it)."""
+    if not (mutants_dir / module).is_file():
+        return None
+    from mutmut.mutation.diff_apply import get_diff_for_mutant
+
+    try:
+        with contextlib.chdir(mutants_dir.parent):
+            return get_diff_for_mutant(name, path=module)
+    except (FileNotFoundError, OSError, ValueError):
+        return None
+
+
+def stale_equivalents(
+    mutants_dirs: Iterable[Path],
+    results: Mapping[str, Mapping[str, int | None]],
+    changes: Mapping[str, str],
+) -> dict[str, list[str]]:
+    """The listed equivalents whose mutant now makes another change: name -> its changed lines.
+
+    Each is looked up in the first leg whose copy of the code holds it; one no copy holds is
+    not judged here.
+    """
+    module_of = {name: module for module, codes in results.items() for name in codes}
+    stale: dict[str, list[str]] = {}
+    for name, listed in sorted(changes.items()):
+        module = module_of.get(name)
+        if module is None:
+            continue
+        for mutants_dir in mutants_dirs:
+            diff = mutant_diff(mutants_dir, module, name)
+            if diff is None:
+                continue
+            if fingerprint(diff) != listed:
+                stale[name] = changed_lines(diff)
+            break
+    return stale
+
+
 def guarantee_patterns(pyproject: Path) -> list[str]:
     """The guarantee modules' paths (globs) from [tool.mutmut] only_mutate."""
     data = tomllib.loads(pyproject.read_text("utf-8"))
@@ -167,10 +250,16 @@ def report(
     results: Mapping[str, Mapping[str, int | None]],
     equivalents: Mapping[str, str],
     patterns: list[str],
+    stale: Mapping[str, list[str]] | None = None,
     out=None,
 ) -> ModuleScore:
-    """Print the table and the survivors; return the guarantee modules' total."""
+    """Print the table and the survivors; return the guarantee modules' total.
+
+    A listed equivalent in stale is scored by its outcome, and reported with its change as now.
+    """
     out = out or sys.stdout
+    stale = stale or {}
+    equivalents = {name: why for name, why in equivalents.items() if name not in stale}
     total = ModuleScore(module="guarantee modules")
     header = f"{'module':<36} {'score':>7} " + " ".join(f"{c:>10}" for c in COLUMNS)
     print(header, file=out)
@@ -200,7 +289,35 @@ def report(
         print("\nEquivalents listed but not among the mutants (stale?):", file=out)
         for name in unknown:
             print(f"  {name}", file=out)
+    if stale:
+        print(
+            "\nListed as equivalent, but the mutant now makes another change (check it again):",
+            file=out,
+        )
+        for name, lines in stale.items():
+            print(f"  {name}: " + " | ".join(lines), file=out)
     return total
+
+
+def print_changes(
+    mutants_dirs: Iterable[Path],
+    results: Mapping[str, Mapping[str, int | None]],
+    equivalents: Mapping[str, str],
+) -> int:
+    """Print the [change] table for the listed equivalents; 2 when one cannot be read."""
+    module_of = {name: module for module, codes in results.items() for name in codes}
+    missing = []
+    print("[change]")
+    for name in equivalents:
+        diffs = (mutant_diff(path, module_of.get(name, ""), name) for path in mutants_dirs)
+        diff = next((d for d in diffs if d is not None), None)
+        if diff is None:
+            missing.append(name)
+            continue
+        print(f'"{name}" = "{fingerprint(diff)}"  # ' + " | ".join(changed_lines(diff)))
+    for name in missing:
+        print(f"No mutant {name} in the run's copy of the code.", file=sys.stderr)
+    return 2 if missing else 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -215,6 +332,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--equivalents", type=Path, default=EQUIVALENTS)
     parser.add_argument("--pyproject", type=Path, default=ROOT / "pyproject.toml")
     parser.add_argument("--threshold", type=float, default=THRESHOLD)
+    parser.add_argument(
+        "--changes",
+        action="store_true",
+        help="print the [change] table of the listed equivalents as their mutants are now",
+    )
     args = parser.parse_args(argv)
 
     results = merge_results(read_results(path) for path in args.mutants_dirs if path.is_dir())
@@ -224,11 +346,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         equivalents = load_equivalents(args.equivalents)
+        changes = {} if args.changes else load_changes(args.equivalents)
     except (ValueError, tomllib.TOMLDecodeError) as error:
         print(error, file=sys.stderr)
         return 2
+    if args.changes:
+        return print_changes(args.mutants_dirs, results, equivalents)
     total = report(
-        results=results, equivalents=equivalents, patterns=guarantee_patterns(args.pyproject)
+        results=results,
+        equivalents=equivalents,
+        patterns=guarantee_patterns(args.pyproject),
+        stale=stale_equivalents(args.mutants_dirs, results, changes),
     )
     if total.score < args.threshold:
         print(

@@ -48,18 +48,41 @@ def _uses_database(item: pytest.Item) -> bool:
     )
 
 
+def mutated_function(mutant: str) -> str:
+    """The function a mutant changes, dotted as a `guards` marker names it:
+    `approvals.runs.lease.x_run_agent__mutmut_7` -> `approvals.runs.lease.run_agent`, and a
+    method's `...xǁClassǁmethod__mutmut_2` -> `....Class.method`; "" for anything else."""
+    module, _, mangled = mutant.partition("__mutmut_")[0].rpartition(".")
+    if not module or "__mutmut_" not in mutant:
+        return ""
+    if mangled.startswith("x_"):
+        return f"{module}.{mangled[2:]}"
+    _, cls, method = mangled.split("ǁ", 2) if mangled.count("ǁ") == 2 else ("", "", "")
+    return f"{module}.{cls}.{method}" if method else ""
+
+
+def _guards(item: pytest.Item, function: str) -> bool:
+    return any(function in marker.args for marker in item.iter_markers("guards"))
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under the mutation run, the tests that need no database go first.
+    """Under the mutation run, the tests that guard the mutated function go first, then the
+    tests that need no database.
 
-    mutmut hands a mutant's tests fastest first and stops at the first failure, but
-    pytest-django moves every test without a database to the end: the known-answer tests that
-    catch most mutants in milliseconds ran after hundreds of database tests. They touch no
-    database, so running them first changes no outcome; the database tests keep pytest-django's
-    order (non-transactional, then transactional).
+    mutmut hands a mutant's tests fastest first and stops at the first failure. Where a
+    function's guard is slow by nature (the heartbeat's tests wait for renewals on a real
+    clock), every faster test of the function ran before it, passing, for every mutant it
+    alone catches: a test marked `@pytest.mark.guards("<module>.<function>")` runs first for
+    that function's mutants. And pytest-django moves every test without a database to the end:
+    the known-answer tests that catch most mutants in milliseconds ran after hundreds of
+    database tests. Neither order changes an outcome (each test stands alone); the database
+    tests keep pytest-django's order (non-transactional, then transactional).
     """
-    if os.environ.get("MUTANT_UNDER_TEST"):
-        items.sort(key=_uses_database)
+    mutant = os.environ.get("MUTANT_UNDER_TEST", "")
+    if mutant:
+        function = mutated_function(mutant)
+        items.sort(key=lambda item: (not _guards(item, function), _uses_database(item)))
 
 
 def _mutation_sqlite() -> bool:

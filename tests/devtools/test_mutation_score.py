@@ -90,7 +90,10 @@ def test_main_exits_0_once_the_survivor_is_listed_equivalent(tmp_path, capsys):
     killed = {f"{LEDGER}{n}": 1 for n in range(8)}
     _write_results(mutants, "approvals/execution/ledger.py", {**killed, f"{LEDGER}9": 0})
     equivalents = tmp_path / "equivalents.toml"
-    equivalents.write_text(f'[equivalent]\n"{LEDGER}9" = "same value either way"\n', "utf-8")
+    equivalents.write_text(
+        f'[equivalent]\n"{LEDGER}9" = "same value either way"\n[change]\n"{LEDGER}9" = "0123456789ab"\n',
+        "utf-8",
+    )
 
     code = mutation_score.main(
         [
@@ -200,3 +203,68 @@ def test_checked_in_equivalents_each_carry_a_reason():
     equivalents = mutation_score.load_equivalents(mutation_score.EQUIVALENTS)
 
     assert all("__mutmut_" in name for name in equivalents)
+
+
+DIFF = """--- approvals/core/crypto.py
++++ approvals/core/crypto.py
+@@ -1,4 +1,4 @@
+ def seal(data):
+-    packed = zlib.compress(data, 6)
++    packed = zlib.compress(data, 7)
+     return packed"""
+
+
+def test_fingerprint_reads_the_changed_lines_only():
+    moved = DIFF.replace("def seal(data):", "def seal(data, *, key):").replace("    ", "        ")
+    other = DIFF.replace("data, 7)", "data, 5)")
+
+    assert mutation_score.changed_lines(DIFF) == [
+        "- packed = zlib.compress(data, 6)",
+        "+ packed = zlib.compress(data, 7)",
+    ]
+    assert mutation_score.fingerprint(moved) == mutation_score.fingerprint(DIFF)
+    assert mutation_score.fingerprint(other) != mutation_score.fingerprint(DIFF)
+    assert len(mutation_score.fingerprint(DIFF)) == 12
+
+
+def test_load_changes_refuses_an_equivalent_without_its_change(tmp_path):
+    path = tmp_path / "equivalents.toml"
+    path.write_text(f'[equivalent]\n"{LEDGER}1" = "never read"\n[change]\n', "utf-8")
+
+    with pytest.raises(ValueError, match=f"equivalent mutant {LEDGER}1 needs its change"):
+        mutation_score.load_changes(path)
+
+
+def test_load_changes_refuses_a_change_of_no_listed_equivalent(tmp_path):
+    path = tmp_path / "equivalents.toml"
+    path.write_text(f'[equivalent]\n[change]\n"{LEDGER}1" = "0123456789ab"\n', "utf-8")
+
+    with pytest.raises(ValueError, match=f"lists {LEDGER}1, which is not a known equivalent"):
+        mutation_score.load_changes(path)
+
+
+def test_checked_in_equivalents_each_carry_their_change():
+    changes = mutation_score.load_changes(mutation_score.EQUIVALENTS)
+
+    assert set(changes) == set(mutation_score.load_equivalents(mutation_score.EQUIVALENTS))
+    assert all(len(change) == 12 for change in changes.values())
+
+
+def test_report_scores_a_stale_equivalent_by_its_outcome_and_names_its_change():
+    out = io.StringIO()
+    results = {"approvals/execution/ledger.py": {f"{LEDGER}1": 0, f"{LEDGER}2": 1}}
+
+    total = mutation_score.report(
+        results=results,
+        equivalents={f"{LEDGER}1": "was a default never read"},
+        patterns=["approvals/execution/ledger.py"],
+        stale={f"{LEDGER}1": ["- key = part", "+ key = None"]},
+        out=out,
+    )
+
+    assert (total.counts["survived"], total.counts["equivalent"]) == (1, 0)
+    assert total.score == pytest.approx(50.0)
+    assert out.getvalue().endswith(
+        "Listed as equivalent, but the mutant now makes another change (check it again):\n"
+        f"  {LEDGER}1: - key = part | + key = None\n"
+    )

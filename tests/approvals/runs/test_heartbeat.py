@@ -19,12 +19,17 @@ from approvals.models import Run
 from approvals.runs import lease
 from tests.approvals.runs.test_outcomes import held_run
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    # The only tests that see the heartbeat: under the mutation run they go first for it.
+    pytest.mark.guards("approvals.runs.lease.run_agent"),
+]
 
 # A lease of 3 s is renewed every second: a renewal has 2 s to spare before the lease lapses.
 LEASE_SECONDS = 3
-# How long a tool watches the run's row at the most: far beyond what the code needs.
-WATCH_SECONDS = 15
+# How long a tool watches the run's row at the most: far beyond what the code needs (a renewal
+# or a lost lease shows within a second).
+WATCH_SECONDS = 8
 
 
 @pytest.fixture(autouse=True)

@@ -268,3 +268,48 @@ def test_report_scores_a_stale_equivalent_by_its_outcome_and_names_its_change():
         "Listed as equivalent, but the mutant now makes another change (check it again):\n"
         f"  {LEDGER}1: - key = part | + key = None\n"
     )
+
+
+def _generated(tmp_path: Path) -> Path:
+    """A run's copy of one module as mutmut writes it: the original and two mutants."""
+    module = tmp_path / "mutants" / "approvals" / "limits.py"
+    module.parent.mkdir(parents=True)
+    module.write_text(
+        "def x_cap__mutmut_orig(n):\n    return min(n, 10)\n\n\n"
+        "def x_cap__mutmut_1(n):\n    return max(n, 10)\n\n\n"
+        "def x_cap__mutmut_2(n):\n    return min(n, 11)\n",
+        "utf-8",
+    )
+    return tmp_path / "mutants"
+
+
+def test_stale_equivalents_reads_each_listed_mutants_change_from_the_runs_copy(tmp_path):
+    pytest.importorskip("mutmut")
+    mutants = _generated(tmp_path)
+    name = "approvals.limits.x_cap__mutmut_"
+    results = {"approvals/limits.py": {f"{name}1": 34, f"{name}2": 34}}
+    listed = mutation_score.fingerprint("-    return min(n, 10)\n+    return min(n, 11)")
+
+    stale = mutation_score.stale_equivalents(
+        [mutants], results, {f"{name}1": listed, f"{name}2": listed}
+    )
+
+    # Mutant 2 still makes the listed change; mutant 1 (the number moved) makes another.
+    assert stale == {f"{name}1": ["- return min(n, 10)", "+ return max(n, 10)"]}
+
+
+def test_changes_prints_the_table_of_the_listed_equivalents_as_they_are_now(tmp_path, capsys):
+    pytest.importorskip("mutmut")
+    mutants = _generated(tmp_path)
+    name = "approvals.limits.x_cap__mutmut_2"
+    _write_results(mutants, "approvals/limits.py", {name: 0})
+    equivalents = tmp_path / "equivalents.toml"
+    equivalents.write_text(f'[equivalent]\n"{name}" = "eleven is ten here"\n', "utf-8")
+
+    code = mutation_score.main([str(mutants), "--equivalents", str(equivalents), "--changes"])
+
+    change = mutation_score.fingerprint("-    return min(n, 10)\n+    return min(n, 11)")
+    assert code == 0
+    assert capsys.readouterr().out == (
+        f'[change]\n"{name}" = "{change}"  # - return min(n, 10) | + return min(n, 11)\n'
+    )

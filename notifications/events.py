@@ -148,4 +148,6 @@ def facts_for(audit_event: AuditEvent, event: str) -> Facts:
 
 def _message(run: Run, ticket_id: int | None) -> str:
     """The decided ticket's message as the run's outcome tells it (one reading of edits)."""
-    return next((d.message for d in outcomes.decisions(run) if d.ticket == ticket_id), "")
+    if ticket_id is None:
+        return ""
+    return next((d.message for d in outcomes.decisions(run, ticket_id=ticket_id)), "")

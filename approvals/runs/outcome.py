@@ -65,8 +65,9 @@ def _note(message: str) -> str:
     return note.strip() if found else ""
 
 
-def decisions(run: Run) -> list[Decision]:
-    """Every decided call of the run, in the order the agent made them.
+def decisions(run: Run, *, ticket_id: int | None = None) -> list[Decision]:
+    """Every decided call of the run, in the order the agent made them; with ticket_id, only
+    that ticket's (none when it is not a decided ticket of the run).
 
     Reads two queries of plain values, whatever the number of tickets and votes: the run's
     decided tickets with their decider and whether an edit (a pre-authorisation) came of each,
@@ -75,9 +76,11 @@ def decisions(run: Run) -> list[Decision]:
     (four queries) cost the worker more than the rest of the fan-out.
     """
     username = get_user_model().USERNAME_FIELD
+    chosen = Ticket.objects.filter(run=run)
+    if ticket_id is not None:
+        chosen = chosen.filter(pk=ticket_id)
     tickets = list(
-        Ticket.objects.filter(run=run)
-        .exclude(status=TicketStatus.PENDING)
+        chosen.exclude(status=TicketStatus.PENDING)
         .annotate(edited=Exists(PreAuthorization.objects.filter(original_ticket=OuterRef("pk"))))
         .order_by("pk")
         .values_list(

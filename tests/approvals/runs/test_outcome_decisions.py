@@ -145,3 +145,19 @@ def test_decisions_read_a_fixed_number_of_queries_whatever_the_tickets_and_votes
 
     assert [len(d.approvers) for d in found] == [3, 3, 3, 3]
     assert len(captured) == 2, [q["sql"][:100] for q in captured]
+
+
+def test_decisions_of_one_ticket_tell_that_ticket_only(tenant):
+    ann = member(tenant, Role.APPROVER, "ann")
+    run, other = stored_run(tenant, status="completed"), stored_run(tenant)
+    first = stored_ticket(tenant, run=run, status=TicketStatus.APPROVED, decided_by=ann)
+    second = stored_ticket(
+        tenant, run=run, status=TicketStatus.REJECTED, decided_by=ann, decision_message="no"
+    )
+    pending = stored_ticket(tenant, run=run)
+    elsewhere = stored_ticket(tenant, run=other, status=TicketStatus.APPROVED, decided_by=ann)
+
+    assert decisions(run, ticket_id=second.pk) == [decisions(run)[1]]
+    assert decisions(run, ticket_id=first.pk) == [decisions(run)[0]]
+    assert decisions(run, ticket_id=pending.pk) == []
+    assert decisions(run, ticket_id=elsewhere.pk) == []

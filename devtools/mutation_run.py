@@ -68,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
             named=mutant_names,
             diff_of=lambda data, name: get_diff_for_mutant(name, path=data.path),
         )
-        for data in {id(data): data for data, name, _ in mutants if name in left_out}.values():
+        skipped = set(left_out)
+        for data in {id(data): data for data, name, _ in mutants if name in skipped}.values():
             data.save()
         print(f"    {len(left_out)} known equivalents left out ({EQUIVALENTS.name})")
         return kept, by_path

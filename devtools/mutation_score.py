@@ -149,8 +149,26 @@ def mutant_diff(mutants_dir: Path, module: str, name: str) -> str | None:
     try:
         with contextlib.chdir(mutants_dir.parent):
             return get_diff_for_mutant(name, path=module)
-    except (FileNotFoundError, OSError, ValueError):
+    except (OSError, ValueError):
         return None
+
+
+def current_diffs(
+    mutants_dirs: Iterable[Path],
+    results: Mapping[str, Mapping[str, int | None]],
+    names: Iterable[str],
+) -> dict[str, str]:
+    """Each named mutant's diff as the run's copy of the code has it now, from the first leg
+    whose copy holds it; a name no copy holds is left out."""
+    module_of = {name: module for module, codes in results.items() for name in codes}
+    found: dict[str, str] = {}
+    for name in names:
+        module = module_of.get(name)
+        diffs = (mutant_diff(path, module, name) for path in mutants_dirs) if module else ()
+        diff = next((d for d in diffs if d is not None), None)
+        if diff is not None:
+            found[name] = diff
+    return found
 
 
 def stale_equivalents(
@@ -160,23 +178,14 @@ def stale_equivalents(
 ) -> dict[str, list[str]]:
     """The listed equivalents whose mutant now makes another change: name -> its changed lines.
 
-    Each is looked up in the first leg whose copy of the code holds it; one no copy holds is
-    not judged here.
+    One no leg's copy of the code holds is not judged here.
     """
-    module_of = {name: module for module, codes in results.items() for name in codes}
-    stale: dict[str, list[str]] = {}
-    for name, listed in sorted(changes.items()):
-        module = module_of.get(name)
-        if module is None:
-            continue
-        for mutants_dir in mutants_dirs:
-            diff = mutant_diff(mutants_dir, module, name)
-            if diff is None:
-                continue
-            if fingerprint(diff) != listed:
-                stale[name] = changed_lines(diff)
-            break
-    return stale
+    diffs = current_diffs(mutants_dirs, results, sorted(changes))
+    return {
+        name: changed_lines(diff)
+        for name, diff in diffs.items()
+        if fingerprint(diff) != changes[name]
+    }
 
 
 def guarantee_patterns(pyproject: Path) -> list[str]:
@@ -305,16 +314,11 @@ def print_changes(
     equivalents: Mapping[str, str],
 ) -> int:
     """Print the [change] table for the listed equivalents; 2 when one cannot be read."""
-    module_of = {name: module for module, codes in results.items() for name in codes}
-    missing = []
+    diffs = current_diffs(mutants_dirs, results, equivalents)
     print("[change]")
-    for name in equivalents:
-        diffs = (mutant_diff(path, module_of.get(name, ""), name) for path in mutants_dirs)
-        diff = next((d for d in diffs if d is not None), None)
-        if diff is None:
-            missing.append(name)
-            continue
+    for name, diff in diffs.items():
         print(f'"{name}" = "{fingerprint(diff)}"  # ' + " | ".join(changed_lines(diff)))
+    missing = [name for name in equivalents if name not in diffs]
     for name in missing:
         print(f"No mutant {name} in the run's copy of the code.", file=sys.stderr)
     return 2 if missing else 0

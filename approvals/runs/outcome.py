@@ -101,12 +101,12 @@ def decisions(run: Run, *, ticket_id: int | None = None) -> list[Decision]:
             .order_by("created_at", "pk")
             .values_list("ticket_id", f"user__{username}")
         )
-        for ticket_id, voter in votes:
-            voters[ticket_id].append(voter)
+        for voted, voter in votes:
+            voters[voted].append(voter)
     found = []
     for pk, tool, status, source, message, decider, edited in tickets:
         decision = "edited" if edited else status
-        approvers = list(voters.get(pk, ())) if status == TicketStatus.APPROVED else []
+        approvers = voters.get(pk, []) if status == TicketStatus.APPROVED else []
         if status == TicketStatus.APPROVED and not approvers and decider is not None:
             approvers = [decider]
         found.append(
@@ -116,7 +116,7 @@ def decisions(run: Run, *, ticket_id: int | None = None) -> list[Decision]:
                 decision=decision,
                 message=mask_secrets(_note(message) if edited else message),
                 approvers=approvers,
-                decided_by=source or (decider or ""),
+                decided_by=source or decider or "",
             )
         )
     return found

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from django.db.models import Exists, OuterRef
+from django.db.models import Exists, OuterRef, Subquery
 
 from approvals.models import Membership
 
@@ -35,6 +35,24 @@ def memberships_in(users, tenant_id: int) -> dict[int, Membership]:
         membership.user_id: membership
         for membership in Membership.objects.filter(user_id__in=ids, tenant_id=tenant_id)
     }
+
+
+def role_in(tenant_id: int, user_field: str = "user_id") -> Subquery:
+    """An annotation for a query of rows that name a user: that user's role in the tenant (None
+    without a membership), read in the row's own query. membership_from_role() turns it into
+    memberships_in()'s answer."""
+    return Subquery(
+        Membership.objects.filter(user_id=OuterRef(user_field), tenant_id=tenant_id).values("role")[
+            :1
+        ]
+    )
+
+
+def membership_from_role(user, tenant_id: int, role: str | None) -> Membership | None:
+    """What membership_for(user, tenant) says, given role_in() of the row (no query)."""
+    if role is None or not _may_belong(user):
+        return None
+    return Membership(user=user, tenant_id=tenant_id, role=role)
 
 
 def has_membership(user_field: str = "user_id", tenant_field: str = "tenant_id") -> Exists:

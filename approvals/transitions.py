@@ -24,6 +24,8 @@ the move, in the same transaction.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from django.db import connections
 from django.db.models import QuerySet, sql
 from django.utils import timezone
@@ -93,19 +95,42 @@ def _sources(table: dict[str, frozenset[str]], to: str) -> list[str]:
     return sources
 
 
-def move_runs(runs: QuerySet[Run], *, to: str, **fields) -> int:
+# How a move is written: the UPDATE of the rows that may move, with the values (for move_runs
+# and move_tickets), or its SQL with RETURNING (move_run_returning). The default is the plain
+# statement; a caller whose move an audit event follows passes the chain's (audit.chain's
+# update_queryset_holding_head, update_holding_head), which takes the chain head's lock in the
+# same statement.
+Update = Callable[..., int]
+UpdateReturning = Callable[..., list[tuple]]
+
+
+def _update(queryset: QuerySet, **values) -> int:
+    return queryset.update(**values)
+
+
+def _update_returning(sql: str, params, *, returning: str, using: str) -> list[tuple]:
+    with connections[using].cursor() as cursor:
+        cursor.execute(f"{sql} RETURNING {returning}", params)
+        return cursor.fetchall()
+
+
+def move_runs(runs: QuerySet[Run], *, to: str, write: Update = _update, **fields) -> int:
     """Move the runs of the queryset that may move to `to`; returns how many moved.
 
-    Also sets `updated_at` (now, unless given) and any other field passed.
+    Also sets `updated_at` (now, unless given) and any other field passed. write: how the
+    UPDATE is sent (see Update).
     Raises TransitionError when no status may move to `to`.
     """
     fields.setdefault("updated_at", timezone.now())
-    return runs.filter(status__in=_sources(RUN_TRANSITIONS, to)).update(status=to, **fields)
+    return write(runs.filter(status__in=_sources(RUN_TRANSITIONS, to)), status=to, **fields)
 
 
-def move_run_returning(runs: QuerySet[Run], *, to: str, **fields) -> Run | None:
+def move_run_returning(
+    runs: QuerySet[Run], *, to: str, write: UpdateReturning = _update_returning, **fields
+) -> Run | None:
     """move_runs() for at most one run, returning its row as the move left it, or None when it
     did not move: one UPDATE ... RETURNING instead of an UPDATE and a read (a worker's claim).
+    write: how the statement is sent (see Update).
 
     Raises TransitionError as move_runs() does.
     """
@@ -119,9 +144,7 @@ def move_run_returning(runs: QuerySet[Run], *, to: str, **fields) -> Run | None:
     columns = list(Run._meta.concrete_fields)
     quote = connections[moving.db].ops.quote_name
     returning = ", ".join(quote(field.column) for field in columns)
-    with connections[moving.db].cursor() as cursor:
-        cursor.execute(f"{update_sql} RETURNING {returning}", params)
-        rows = cursor.fetchall()
+    rows = write(update_sql, params, returning=returning, using=moving.db)
     if not rows:
         return None
     if len(rows) > 1:
@@ -142,12 +165,13 @@ def _from_db(field, value, connection):
     return value
 
 
-def move_tickets(tickets: QuerySet[Ticket], *, to: str, **fields) -> int:
+def move_tickets(tickets: QuerySet[Ticket], *, to: str, write: Update = _update, **fields) -> int:
     """Move the tickets of the queryset that may move to `to` (pending ones); returns how many.
 
+    write: as for move_runs().
     Raises TransitionError when no status may move to `to`.
     """
-    return tickets.filter(status__in=_sources(TICKET_TRANSITIONS, to)).update(status=to, **fields)
+    return write(tickets.filter(status__in=_sources(TICKET_TRANSITIONS, to)), status=to, **fields)
 
 
 def create_run(**fields) -> Run:

@@ -78,6 +78,8 @@ def compare_and_set(
     won = transitions.move_tickets(
         Ticket.objects.filter(pk=ticket.pk, expires_at__gt=now),
         to=status,
+        # The decision's audit event follows in this transaction.
+        write=chain.update_queryset_holding_head,
         decided_by=user,
         decided_at=now,
         decision_message=message,

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from django.db import connection
+from django.db.models import Exists, OuterRef
 from django_tasks import task
 
 from approvals import transitions
@@ -156,17 +157,21 @@ def queue_if_decided(run: Run, *, now, actor=None, actor_name: str = "") -> bool
     status; audit event run.queued (with a resume task) or run.awaiting_caller (a webhook
     run.decided); a live hint after commit. Returns whether the run moved.
     """
-    still_pending = Ticket.objects.filter(
-        run=run, generation=run.state_generation, status=TicketStatus.PENDING
-    ).exists()
-    if still_pending or run.status != RunStatus.PAUSED:
+    if run.status != RunStatus.PAUSED:
         return False
-    if run.executor == RunExecutor.CALLER:
-        transitions.move_runs(
-            Run.objects.filter(pk=run.pk, status=RunStatus.PAUSED),
-            to=RunStatus.AWAITING_CALLER,
-            updated_at=now,
+    # One statement: the run moves only while no ticket of its current state is pending.
+    decided = Run.objects.filter(pk=run.pk, status=RunStatus.PAUSED).exclude(
+        Exists(
+            Ticket.objects.filter(
+                run_id=OuterRef("pk"),
+                generation=run.state_generation,
+                status=TicketStatus.PENDING,
+            )
         )
+    )
+    if run.executor == RunExecutor.CALLER:
+        if not transitions.move_runs(decided, to=RunStatus.AWAITING_CALLER, updated_at=now):
+            return False
         run.status = RunStatus.AWAITING_CALLER
         chain.append(
             tenant_id=run.tenant_id,
@@ -181,7 +186,8 @@ def queue_if_decided(run: Run, *, now, actor=None, actor_name: str = "") -> bool
             run.tenant_id, "run.changed", run=run.pk, status=RunStatus.AWAITING_CALLER
         )
         return True
-    transitions.move_runs(Run.objects.filter(pk=run.pk), to=RunStatus.QUEUED, updated_at=now)
+    if not transitions.move_runs(decided, to=RunStatus.QUEUED, updated_at=now):
+        return False
     run.status = RunStatus.QUEUED
     enqueue_resume(run.pk)
     chain.append(

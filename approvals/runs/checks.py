@@ -81,19 +81,24 @@ def check_before_resume(run: Run, tickets: list[Ticket]) -> None:
 def _check_approvals(run: Run, approved: list[Ticket]) -> None:
     """Each approval still stands: its approver and every voter whose approval counted may still
     approve (membership and groups as they are now), none of them requested the call, and the
-    quorum is still met. Two queries for all the tickets: their votes, and the memberships of
-    everyone who decided or voted."""
+    quorum is still met. One query for all the tickets: their votes, each with its voter's
+    membership as it is now; a second only for approvers who have no vote among them."""
     votes_of: dict[int, list[TicketVote]] = {t.pk: [] for t in approved}
+    memberships = {}
     for vote in (
         TicketVote.objects.filter(ticket__in=approved, invalidated_at__isnull=True)
         .select_related("user")
+        .annotate(voter_role=members.role_in(run.tenant_id))
         .order_by("pk")
     ):
         votes_of[vote.ticket_id].append(vote)
-    people = [t.decided_by for t in approved if t.decided_by] + [
-        vote.user for votes in votes_of.values() for vote in votes
-    ]
-    memberships = members.memberships_in(people, run.tenant_id)
+        membership = members.membership_from_role(vote.user, run.tenant_id, vote.voter_role)
+        if membership is not None:
+            memberships[vote.user_id] = membership
+    voters = {vote.user_id for votes in votes_of.values() for vote in votes}
+    deciders = [t.decided_by for t in approved if t.decided_by and t.decided_by_id not in voters]
+    if deciders:
+        memberships.update(members.memberships_in(deciders, run.tenant_id))
     for ticket in approved:
         approver = ticket.decided_by
         membership = memberships.get(approver.pk) if approver else None

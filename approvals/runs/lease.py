@@ -92,6 +92,7 @@ def claim(run_id: int, worker_id: str, work: Work) -> Run | None:
                 waiting | Q(status=work.holding, lease_expires_at__lt=now)
             ),
             to=work.holding,
+            write=chain.update_holding_head,
             lease_owner=worker_id,
             lease_expires_at=now + lease,
             attempts=F("attempts") + 1,
@@ -224,6 +225,7 @@ def finish(run: Run, *, status: str, reason: str = "", final_output: str = "", a
         stored = transitions.move_runs(
             owned(run),
             to=status,
+            write=chain.update_queryset_holding_head,
             status_reason=reason,
             final_output=final_output,
             lease_owner="",
@@ -254,6 +256,7 @@ def release(run: Run, *, reason: str) -> bool:
         released = transitions.move_runs(
             owned(run),
             to=back,
+            write=chain.update_queryset_holding_head,
             status_reason=reason,
             lease_owner="",
             lease_expires_at=None,

@@ -163,6 +163,7 @@ def store_first_pause(
     moved = transitions.move_runs(
         held,
         to=RunStatus.PAUSED,
+        write=chain.update_queryset_holding_head,
         **state.sealed_fields(run),
         schema_version=schema_version,
         status_reason="",
@@ -220,6 +221,7 @@ def store_next_pause(
     transitions.move_runs(
         Run.objects.filter(pk=run.pk),
         to=RunStatus.PAUSED,
+        write=chain.update_queryset_holding_head,
         **state.sealed_fields(run),
         **({"schema_version": schema_version} if schema_version is not None else {}),
         status_reason="",

@@ -3,13 +3,14 @@ this transaction already holds, and linked right whatever the guess."""
 
 from __future__ import annotations
 
+import psycopg
 import pytest
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 from approvals.audit import chain as audit
-from approvals.models import AuditEvent, Tenant
-from tests.support import TenantFactory
+from approvals.models import AuditEvent, Run, Tenant
+from tests.support import TenantFactory, paused_run
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -146,3 +147,119 @@ def test_a_head_that_moved_under_the_row_lock_is_an_error_naming_the_tenant(monk
         _append(tenant, "lost")
 
     assert str(raised.value) == f"tenant {tenant.pk}'s audit head moved under its row lock"
+
+
+# --- an update that takes the head's lock for the event that follows it -----------------------
+
+
+def _hold_and_append(run, outcome: str) -> tuple[int, list[str]]:
+    """Move the run's title with update_queryset_holding_head, then append: (rows, statements)."""
+    with CaptureQueriesContext(connection) as queries, transaction.atomic():
+        changed = audit.update_queryset_holding_head(Run.objects.filter(pk=run.pk), title=outcome)
+        _append(run.tenant, outcome)
+    return changed, _statements(queries.captured_queries)
+
+
+def _locked_elsewhere(tenant) -> bool:
+    """Whether another connection finds the tenant's row locked."""
+    other = psycopg.connect(**connection.get_connection_params())
+    try:
+        other.execute("SELECT 1 FROM approvals_tenant WHERE id = %s FOR UPDATE NOWAIT", [tenant.pk])
+        return False
+    except psycopg.errors.LockNotAvailable:
+        return True
+    finally:
+        other.close()
+
+
+@POSTGRES_ONLY
+def test_an_update_holding_the_head_makes_the_next_event_one_statement():
+    tenant = TenantFactory(slug="acme")
+    _append_in_transaction(tenant, "before")
+    run = paused_run(tenant)
+
+    changed, statements = _hold_and_append(run, "held")
+
+    # The update with the lock and the head; the event with the head. Without the hold the
+    # event would have locked the row first: three statements.
+    assert changed == 1
+    assert len(statements) == 2, statements
+    assert statements[0].startswith("WITH changed AS (UPDATE")
+    run.refresh_from_db()
+    assert run.title == "held"
+    last = AuditEvent.objects.filter(tenant=tenant).order_by("-seq").first()
+    assert (last.outcome, last.prev_hash) == (
+        "held",
+        AuditEvent.objects.get(tenant=tenant, seq=last.seq - 1).hash,
+    )
+    assert audit.verify_chain(tenant).ok
+
+
+@POSTGRES_ONLY
+def test_an_update_holding_the_head_holds_the_tenants_row_until_the_transaction_ends():
+    tenant = TenantFactory(slug="acme")
+    run = paused_run(tenant)
+
+    with transaction.atomic():
+        audit.update_queryset_holding_head(Run.objects.filter(pk=run.pk), title="held")
+        assert _locked_elsewhere(tenant)
+    assert not _locked_elsewhere(tenant)
+
+
+@POSTGRES_ONLY
+def test_an_update_that_changes_nothing_locks_nothing_and_holds_no_head():
+    tenant = TenantFactory(slug="acme")
+    run = paused_run(tenant)
+    head = Tenant.objects.values_list("audit_seq", flat=True).get(pk=tenant.pk)
+
+    with CaptureQueriesContext(connection) as queries, transaction.atomic():
+        changed = audit.update_queryset_holding_head(
+            Run.objects.filter(pk=run.pk, title="not this title"), title="held"
+        )
+        assert changed == 0
+        assert not _locked_elsewhere(tenant)
+        _append(tenant, "after")
+
+    # Nothing held: the event locks the row itself (the lock, then the event).
+    assert len(_statements(queries.captured_queries)) == 3
+    assert AuditEvent.objects.get(tenant=tenant, outcome="after").seq == head + 1
+    assert audit.verify_chain(tenant).ok
+
+
+def test_an_update_holding_the_head_reads_the_head_another_writer_left():
+    tenant = TenantFactory(slug="acme")
+    run = paused_run(tenant)
+    # Another writer's event after anything this connection saw.
+    _append_in_transaction(tenant, "theirs")
+
+    _hold_and_append(run, "mine")
+
+    theirs = AuditEvent.objects.get(tenant=tenant, outcome="theirs")
+    mine = AuditEvent.objects.get(tenant=tenant, outcome="mine")
+    assert (mine.seq, mine.prev_hash) == (theirs.seq + 1, theirs.hash)
+    assert audit.verify_chain(tenant).ok
+
+
+def test_an_update_holding_the_head_returns_the_changed_rows():
+    tenant = TenantFactory(slug="acme")
+    runs = [paused_run(tenant), paused_run(tenant)]
+
+    with transaction.atomic():
+        rows = audit.update_holding_head(
+            'UPDATE "approvals_run" SET "title" = %s WHERE "id" IN (%s, %s)',
+            ["both", runs[0].pk, runs[1].pk],
+            returning='"id", "title"',
+        )
+
+    assert sorted(rows) == sorted([(runs[0].pk, "both"), (runs[1].pk, "both")])
+
+
+def test_an_update_holding_the_head_outside_a_transaction_is_refused():
+    tenant = TenantFactory(slug="acme")
+    run = paused_run(tenant)
+
+    with pytest.raises(RuntimeError, match="inside a transaction"):
+        audit.update_queryset_holding_head(Run.objects.filter(pk=run.pk), title="no")
+
+    run.refresh_from_db()
+    assert run.title != "no"

@@ -24,6 +24,7 @@ from approvals.models import (
     RunStatus,
     Ticket,
     TicketStatus,
+    TicketVote,
 )
 from approvals.runs.pause import pause_run
 from approvals.runs.resume import resume
@@ -428,6 +429,50 @@ def test_resume_after_approver_downgraded_to_viewer_is_refused():
         status=RunStatus.NEEDS_ATTENTION,
         reason=f"{approver.username}, who approved ticket {ticket.pk}, may no longer approve",
     )
+
+
+def test_resume_after_approver_deactivated_is_refused():
+    # The vote's own reading of the voter's membership must still see the account.
+    run, ticket, approver = decided_run()
+    type(approver).objects.filter(pk=approver.pk).update(is_active=False)
+
+    outcome = resume(run_id=run.pk, worker_id="w1")
+
+    assert_refused(
+        outcome,
+        run,
+        status=RunStatus.NEEDS_ATTENTION,
+        reason=f"{approver.username}, who approved ticket {ticket.pk}, may no longer approve",
+    )
+    assert demo.read_effects() == []
+
+
+def test_resume_with_an_approver_who_has_no_standing_vote_reads_their_membership():
+    # An approver whose vote no longer counts is not among the voters: their membership is
+    # read on its own, and it still stands.
+    run, _, approver = decided_run()
+    TicketVote.objects.filter(user=approver).update(invalidated_at=timezone.now())
+
+    outcome = resume(run_id=run.pk, worker_id="w1")
+
+    assert outcome.status == RunStatus.COMPLETED
+    assert len(demo.read_effects()) == 1
+
+
+def test_resume_with_an_approver_who_has_no_standing_vote_and_no_membership_is_refused():
+    run, ticket, approver = decided_run()
+    TicketVote.objects.filter(user=approver).update(invalidated_at=timezone.now())
+    Membership.objects.filter(user=approver).delete()
+
+    outcome = resume(run_id=run.pk, worker_id="w1")
+
+    assert_refused(
+        outcome,
+        run,
+        status=RunStatus.NEEDS_ATTENTION,
+        reason=f"{approver.username}, who approved ticket {ticket.pk}, may no longer approve",
+    )
+    assert demo.read_effects() == []
 
 
 def test_resume_after_rejecter_downgraded_still_runs_the_rejection():

@@ -33,11 +33,12 @@ def test_statements_of_a_resume_that_completes():
         outcome = resume(run_id=run.pk, worker_id="w")
 
     assert outcome.status == RunStatus.COMPLETED
-    # The worker: the claim (its UPDATE ... RETURNING and its audit event), the tickets, their
-    # votes and the memberships behind them, the outcome (the run, its pending tickets, its
-    # audit event). The tool: the ledger's claim, its confirmation and its audit event.
+    # The worker: the claim (its UPDATE ... RETURNING, which takes the audit head's lock on
+    # PostgreSQL, and its audit event), the tickets, their votes with their voters' memberships,
+    # the outcome (the run with the head's lock, its pending tickets, its audit event). The
+    # tool: the ledger's claim, its confirmation with the head's lock, and its audit event.
     # On SQLite each transaction is a BEGIN IMMEDIATE statement and an append is three.
-    expected = {"postgresql": (10, 4), "sqlite": (14, 6)}[connection.vendor]
+    expected = {"postgresql": (7, 3), "sqlite": (13, 6)}[connection.vendor]
     assert (counts["main"], counts["other"]) == expected, counts.log
 
 
@@ -52,7 +53,8 @@ def test_statements_of_a_pause():
             result, tenant=tenant, agent_key="release", agent_version="1", requested_by=requester
         )
 
-    # The run (created, then sealed and paused), its audit event (the tenant's lock, then the
-    # event and the head in one statement on PostgreSQL), the policy, the ticket, its event.
-    expected = {"postgresql": 7, "sqlite": 11}[connection.vendor]
+    # The run (created, then sealed and paused: on PostgreSQL the move takes the tenant's
+    # audit-head lock too, and each event is one statement with its head), its audit event,
+    # the policy, the ticket, its event.
+    expected = {"postgresql": 6, "sqlite": 11}[connection.vendor]
     assert counts["main"] + counts["other"] == expected, counts.log

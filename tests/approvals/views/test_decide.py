@@ -355,13 +355,14 @@ def test_decide_htmx_refusal_returns_the_decision_partial(client, setup):
 # test's transaction (its commit is a savepoint's release; NOTIFY wakes a worker on
 # PostgreSQL): the session and the user; the user's memberships and the ticket with its run
 # (the digest gate opens its state), read once for the view and decide(); under the run's lock
-# the ticket with its policy, the valid votes, the vote and the compare-and-set; the
-# decision's audit event (on PostgreSQL the tenant's lock, then the event with the chain head
-# in one statement); the run queued, its resume task and its audit event (one statement: the
-# transaction holds the tenant's row). Nothing after commit: the worker fans notifications
-# out. Pinned so that a duplicate read cannot creep back in: change a number only with the
-# query that was added or cut.
-APPROVE_QUERIES = {"postgresql": 17, "sqlite": 20}
+# the ticket with its policy, the valid votes, the vote and the compare-and-set (on PostgreSQL
+# it takes the tenant's audit-head lock too, which the test's own transaction already holds
+# here); the decision's audit event (one statement with the chain head); the run queued if no
+# ticket of its state is pending (one statement), its resume task and its audit event (one
+# statement: the transaction holds the tenant's row).
+# Nothing after commit: the worker fans notifications out. Pinned so that a duplicate read
+# cannot creep back in: change a number only with the query that was added or cut.
+APPROVE_QUERIES = {"postgresql": 16, "sqlite": 19}
 
 
 def test_decide_approve_takes_a_fixed_number_of_queries(

@@ -67,7 +67,7 @@ mutants-sqlite: $(MUTATION_STAMP)
 # The PostgreSQL leg runs the functions of the chain only PostgreSQL reaches (the rest of the chain
 # is checked on SQLite); with MUTANTS set, only the chain's mutants among them (if any).
 CHAIN_ON_POSTGRES := $(foreach f,append _guesses _released _holding _insert_sql _try_linked \
-	_append_linked,'approvals.audit.chain.x_$(f)__mutmut_*')
+	_append_linked update_holding_head,'approvals.audit.chain.x_$(f)__mutmut_*')
 POSTGRES_MUTANTS = $(filter approvals.audit.chain.%,$(MUTANTS))
 mutants-postgres: $(MUTATION_STAMP)
 ifeq ($(if $(MUTANTS),$(POSTGRES_MUTANTS),all),)

@@ -10,7 +10,7 @@ final output capped, the failure's reason, the decisions on its calls).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from approvals.audit import actions
@@ -68,6 +68,9 @@ class Facts:
     requester: str = ""
     # A decided ticket's message (masked; an edit's note, never its corrected arguments).
     message: str = ""
+    # The run the facts were read from (None for an event without one): in_full() reads its
+    # outcome or the ticket's message from it.
+    run: Run | None = field(default=None, repr=False, compare=False)
 
     @property
     def not_approved(self) -> list[outcomes.Decision]:
@@ -102,9 +105,14 @@ class Facts:
         return payload
 
 
-def facts_for(audit_event: AuditEvent, event: str) -> Facts:
-    # One query: the run with its tenant (most events name a run), else the tenant alone; the
-    # run's outcome only for the events that tell it.
+def facts_for(audit_event: AuditEvent, event: str, *, outline: bool = False) -> Facts:
+    """What a notification of the event says.
+
+    One query: the run with its tenant (most events name a run), else the tenant alone; then
+    the run's outcome (run.completed, run.failed: two queries) or the decided ticket's message
+    (ticket.decided: two), unless outline, which leaves them out (outcome None, message ""):
+    enough to know who is told (recipients_for). in_full() adds them to an outline.
+    """
     fields = ["title", "requested_by__username", "tenant__slug", "tenant__name"]
     if event in RUN_EVENTS:
         fields += ["status", "status_reason", "final_output"]
@@ -119,7 +127,7 @@ def facts_for(audit_event: AuditEvent, event: str) -> Facts:
     tenant = (
         run.tenant if run else Tenant.objects.only("slug", "name").get(pk=audit_event.tenant_id)
     )
-    return Facts(
+    facts = Facts(
         event=event,
         action=audit_event.action,
         tenant_slug=tenant.slug,
@@ -138,12 +146,22 @@ def facts_for(audit_event: AuditEvent, event: str) -> Facts:
         group=str((audit_event.detail or {}).get("group", ""))
         if event == Event.TICKET_ESCALATED
         else "",
-        outcome=outcomes.outcome(run) if run is not None and event in RUN_EVENTS else None,
         requester=run.requested_by.get_username() if run and run.requested_by else "",
-        message=_message(run, audit_event.ticket_id)
-        if run is not None and event == Event.TICKET_DECIDED
-        else "",
+        run=run,
     )
+    return facts if outline else in_full(facts)
+
+
+def in_full(facts: Facts) -> Facts:
+    """An outline of facts_for() with the run's outcome or the ticket's message read in."""
+    run = facts.run
+    if run is None:
+        return facts
+    if facts.event in RUN_EVENTS:
+        return replace(facts, outcome=outcomes.outcome(run))
+    if facts.event == Event.TICKET_DECIDED:
+        return replace(facts, message=_message(run, facts.ticket_id))
+    return facts
 
 
 def _message(run: Run, ticket_id: int | None) -> str:

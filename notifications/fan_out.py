@@ -27,7 +27,7 @@ from approvals.models import AuditEvent, Tenant
 from notifications.attempts import wake_worker
 from notifications.deliveries import deliver_webhook_task
 from notifications.emails import create_emails, email_for, recipients_for
-from notifications.events import event_for, facts_for
+from notifications.events import event_for, facts_for, in_full
 from notifications.models import Delivery, DeliveryStatus, Event, FanOutCursor, WebhookEndpoint
 
 # Passes in a row an event's fan-out may fail before it is skipped (logged as an error), so one
@@ -112,11 +112,15 @@ def _fan_out_tenant(tenant_id: int, seq: int | None, failures: int | None, limit
     if seq is None:
         FanOutCursor.objects.get_or_create(tenant_id=tenant_id)
         seq, failures = 0, 0
-    events = AuditEvent.objects.filter(tenant_id=tenant_id, seq__gt=seq).order_by("seq")[:limit]
+    events = list(
+        AuditEvent.objects.filter(tenant_id=tenant_id, seq__gt=seq).order_by("seq")[:limit]
+    )
+    # The tenant's endpoints as they are at the start of the pass, read once for its events.
+    endpoints = active_endpoints(tenant_id) if events else []
     reached = seq
     for audit_event in events:
         try:
-            fan_out(audit_event=audit_event)
+            fan_out(audit_event=audit_event, endpoints=endpoints)
         except Exception:
             failures += 1
             if failures < MAX_FAILURES:
@@ -145,26 +149,38 @@ def _fan_out_tenant(tenant_id: int, seq: int | None, failures: int | None, limit
     return reached - seq
 
 
-def fan_out(*, audit_event: AuditEvent) -> list[Delivery]:
+def active_endpoints(tenant_id: int) -> list[WebhookEndpoint]:
+    """The tenant's active webhook endpoints (one query)."""
+    return list(WebhookEndpoint.objects.filter(tenant_id=tenant_id, active=True))
+
+
+def fan_out(
+    *, audit_event: AuditEvent, endpoints: list[WebhookEndpoint] | None = None
+) -> list[Delivery]:
     """Turn a committed audit event into deliveries and emails.
 
+    endpoints: the tenant's active endpoints, as a pass read them once for all its events
+    (active_endpoints); read here when not given.
     Side effects: one Delivery row per active endpoint of the tenant that wants the event
     (idempotent per endpoint and event) with its delivery task enqueued; one EmailDelivery row
     per recipient (idempotent per recipient and event), its message rendered now, with its
-    email task enqueued. Nothing at all for an audit action that does not notify.
+    email task enqueued. Nothing at all for an audit action that does not notify. The run's
+    outcome and a decision's message are read only when someone is to be told.
     """
     event = event_for(audit_event)
     # A checkpoint is delivered with its signed statement (fan_out_checkpoint), never as a
     # plain notification.
     if event is None or event == Event.AUDIT_CHECKPOINT:
         return []
+    if endpoints is None:
+        endpoints = active_endpoints(audit_event.tenant_id)
     # Filtered here, not in SQL: JSON containment differs between SQLite and PostgreSQL.
-    active = WebhookEndpoint.objects.filter(tenant_id=audit_event.tenant_id, active=True)
-    endpoints = [e for e in active if e.wants(event)]
-    facts = facts_for(audit_event, event)
+    endpoints = [e for e in endpoints if e.wants(event)]
+    facts = facts_for(audit_event, event, outline=True)
     recipients = recipients_for(facts, audit_event.tenant_id)
     if not endpoints and not recipients:
         return []
+    facts = in_full(facts)
     body = json.dumps(facts.payload(audit_event), separators=(",", ":"), sort_keys=True)
     now = timezone.now()
     with transaction.atomic():

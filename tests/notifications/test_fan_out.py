@@ -161,10 +161,10 @@ def test_fan_out_that_raises_is_tried_again_then_skipped_and_never_breaks_the_de
     fan_out_committed()
     real = fan_out.fan_out
 
-    def broken(*, audit_event):
+    def broken(*, audit_event, endpoints=None):
         if audit_event.action == "ticket.approved":
             raise RuntimeError("notification store down")
-        return real(audit_event=audit_event)
+        return real(audit_event=audit_event, endpoints=endpoints)
 
     monkeypatch.setattr(fan_out, "fan_out", broken)
     with django_capture_on_commit_callbacks(execute=True):
@@ -361,11 +361,11 @@ def test_fan_out_catch_up_after_a_crash_mid_way_resumes_from_its_cursor(tenant, 
     real = fan_out.fan_out
     done = []
 
-    def dies_at_the_second(*, audit_event):
+    def dies_at_the_second(*, audit_event, endpoints=None):
         if len(done) == 1:
             raise KeyboardInterrupt("the worker was killed")  # not an Exception: nothing catches it
         done.append(audit_event.pk)
-        return real(audit_event=audit_event)
+        return real(audit_event=audit_event, endpoints=endpoints)
 
     monkeypatch.setattr(fan_out, "fan_out", dies_at_the_second)
     with pytest.raises(KeyboardInterrupt):
@@ -395,7 +395,7 @@ def test_fan_out_catch_up_that_lost_the_race_keeps_the_winners_cursor(tenant, ad
     real = fan_out.fan_out
     raced = []
 
-    def overtaken(*, audit_event):
+    def overtaken(*, audit_event, endpoints=None):
         if not raced:
             raced.append(True)
             # The other worker's whole pass, and then one more event, while this one is here.
@@ -403,7 +403,7 @@ def test_fan_out_catch_up_that_lost_the_race_keeps_the_winners_cursor(tenant, ad
             with transaction.atomic():
                 audit.append(tenant_id=tenant.pk, action="ticket.escalated", actor_name="b")
             assert fan_out.catch_up() == 1
-        return real(audit_event=audit_event)
+        return real(audit_event=audit_event, endpoints=endpoints)
 
     monkeypatch.setattr(fan_out, "fan_out", overtaken)
     fan_out.catch_up()
@@ -458,11 +458,11 @@ def test_fan_out_two_catch_ups_at_once_fan_out_once(monkeypatch):
     local = threading.local()
     errors = []
 
-    def racing(*, audit_event):
+    def racing(*, audit_event, endpoints=None):
         if audit_event.actor_name == "policy" and not hasattr(local, "waited"):
             local.waited = True
             both_read.wait()  # each pass has read the cursor and the events before any writes
-        return real(audit_event=audit_event)
+        return real(audit_event=audit_event, endpoints=endpoints)
 
     def worker():
         try:
@@ -507,11 +507,11 @@ def test_fan_out_passes_by_a_tenant_another_workers_pass_is_fanning_out():
     inside, leave = threading.Event(), threading.Event()
     real = fan_out.fan_out
 
-    def holding(*, audit_event):
+    def holding(*, audit_event, endpoints=None):
         if audit_event.tenant_id == busy.pk and not inside.is_set():
             inside.set()
             assert leave.wait(timeout=30)
-        return real(audit_event=audit_event)
+        return real(audit_event=audit_event, endpoints=endpoints)
 
     def other_worker():
         try:
@@ -540,3 +540,95 @@ def test_fan_out_passes_by_a_tenant_another_workers_pass_is_fanning_out():
     assert FanOutCursor.objects.get(tenant=busy).seq == busy_cursor + 1
     assert fan_out.catch_up() == 0
     assert DBTaskResult.objects.filter(task_path=DELIVER_TASK).count() == 2
+
+
+# --- what a pass reads ---------------------------------------------------------------------------
+
+
+def _queries_of(tables: tuple[str, ...], captured) -> list[str]:
+    return [q["sql"] for q in captured if any(f'FROM "{t}"' in q["sql"] for t in tables)]
+
+
+def test_fan_out_a_pass_reads_the_tenants_endpoints_once_for_all_its_events(tenant, admin):
+    endpoint, _ = make_endpoint(tenant, admin, events=[Event.TICKET_ESCALATED])
+    fan_out_committed()
+    for _ in range(3):
+        with transaction.atomic():
+            audit.append(tenant_id=tenant.pk, action="ticket.escalated", actor_name="policy")
+
+    with CaptureQueriesContext(connection) as captured:
+        assert fan_out_committed() == 3
+
+    assert len(_queries_of(("notifications_webhookendpoint",), captured.captured_queries)) == 1
+    assert deliveries(endpoint) == [("ticket.escalated", "ticket.escalated")] * 3
+
+
+def test_fan_out_a_pass_uses_the_endpoints_as_they_were_at_its_start(tenant, admin, monkeypatch):
+    endpoint, _ = make_endpoint(tenant, admin, events=[Event.TICKET_ESCALATED])
+    late, _ = make_endpoint(tenant, admin, events=[Event.TICKET_ESCALATED], active=False)
+    fan_out_committed()
+    for _ in range(2):
+        with transaction.atomic():
+            audit.append(tenant_id=tenant.pk, action="ticket.escalated", actor_name="policy")
+    told = []
+    real = fan_out.fan_out
+
+    def fan_out_then_activate(**kwargs):
+        told.append([e.pk for e in kwargs["endpoints"]])
+        # Activated mid-pass: this pass goes on with the endpoints it read at its start.
+        type(late).objects.filter(pk=late.pk).update(active=True)
+        return real(**kwargs)
+
+    monkeypatch.setattr(fan_out, "fan_out", fan_out_then_activate)
+    fan_out_committed()
+
+    assert told == [[endpoint.pk], [endpoint.pk]]
+    assert deliveries(late) == []
+
+
+def test_fan_out_reads_a_runs_outcome_only_when_someone_is_told(
+    tenant, django_capture_on_commit_callbacks
+):
+    # Nobody to tell: no endpoint, and the requester has no email address.
+    requester = member(tenant, Role.VIEWER, username="req")
+    requester.email = ""
+    requester.save(update_fields=["email"])
+    with django_capture_on_commit_callbacks(execute=True):
+        run = paused_run(tenant, requested_by=requester)
+    fan_out_committed()
+    with transaction.atomic():
+        event = audit.append(
+            tenant_id=tenant.pk, action="run.completed", run_id=run.pk, outcome="completed"
+        )
+
+    with CaptureQueriesContext(connection) as captured:
+        assert fan_out.fan_out(audit_event=event) == []
+
+    # The run (for who is told); neither its tickets nor their votes (its outcome).
+    outcome_reads = _queries_of(
+        ("approvals_ticket", "approvals_ticketvote"), captured.captured_queries
+    )
+    assert outcome_reads == []
+    assert EmailDelivery.objects.count() == 0
+
+
+def test_fan_out_tells_a_runs_outcome_when_someone_is_told(
+    tenant, admin, django_capture_on_commit_callbacks
+):
+    endpoint, _ = make_endpoint(tenant, admin, events=[Event.RUN_COMPLETED])
+    with django_capture_on_commit_callbacks(execute=True):
+        run = paused_run(tenant, requested_by=member(tenant, Role.VIEWER, username="req"))
+    ticket = Ticket.objects.get(run=run)
+    decide(ticket, user=member(tenant, Role.APPROVER, username="ann"), approve=False, message="no")
+    fan_out_committed()
+    with transaction.atomic():
+        event = audit.append(
+            tenant_id=tenant.pk, action="run.completed", run_id=run.pk, outcome="completed"
+        )
+
+    fan_out.fan_out(audit_event=event)
+
+    payload = json.loads(Delivery.objects.get(endpoint=endpoint).payload)
+    assert [(d["ticket"], d["decision"], d["message"]) for d in payload["decisions"]] == [
+        (ticket.pk, "rejected", "no")
+    ]

@@ -9,13 +9,16 @@ workers nobody has seen for STALE_LEASES lease lengths (settle_abandoned_tasks).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 
 from django.conf import settings
+from django.db import OperationalError, connections
 from django.utils import timezone
 from django_tasks_db.compat import TaskResultStatus
-from django_tasks_db.models import DBTaskResult
+from django_tasks_db.models import DBTaskResult, get_date_max
+from django_tasks_db.utils import exclusive_transaction, is_locked_database_exception
 
 from approvals.models import WorkerHeartbeat
 
@@ -23,6 +26,54 @@ from approvals.models import WorkerHeartbeat
 STALE_LEASES = 3
 # Heartbeats of workers gone this long are forgotten (their rows were settled long before).
 FORGET_AFTER = timedelta(days=1)
+
+
+def claim_next(*, backend_name: str, queue_names: list[str], worker_id: str) -> DBTaskResult | None:
+    """Take the next ready task of these queues for this worker, or None when there is none.
+
+    The task a worker would have taken in django-tasks-db's own loop (the highest priority,
+    then the earliest run_after and enqueued_at; none that another worker has locked), marked
+    RUNNING with worker_id appended to its worker_ids. On PostgreSQL one statement (an
+    UPDATE of the row a SKIP LOCKED subquery picks, RETURNING it) instead of a transaction
+    that selects, locks and saves: two workers never take the same task. Elsewhere, the
+    library's own select, lock and claim; a locked SQLite database gives None.
+    """
+    tasks = DBTaskResult.objects.ready().filter(
+        backend_name=backend_name, queue_name__in=queue_names
+    )
+    conn = connections[tasks.db]
+    if conn.vendor != "postgresql":
+        with exclusive_transaction(tasks.db):
+            try:
+                task_result = tasks.get_locked()
+                if task_result is not None:
+                    task_result.claim(worker_id)
+            except OperationalError as error:
+                if not is_locked_database_exception(error):
+                    raise
+                task_result = None
+        return task_result
+    table = conn.ops.quote_name(DBTaskResult._meta.db_table)
+    now = timezone.now()
+    sql = (
+        f"UPDATE {table} SET status = %s, started_at = %s, worker_ids = worker_ids || %s::jsonb "
+        f"WHERE id = (SELECT id FROM {table} WHERE status = %s AND backend_name = %s "
+        "AND queue_name = ANY(%s) AND (run_after = %s OR run_after <= %s) "
+        "ORDER BY priority DESC, run_after ASC, enqueued_at ASC "
+        "LIMIT 1 FOR UPDATE SKIP LOCKED) RETURNING *"
+    )
+    params = [
+        TaskResultStatus.RUNNING,
+        now,
+        json.dumps([worker_id]),
+        TaskResultStatus.READY,
+        backend_name,
+        list(queue_names),
+        get_date_max(),
+        now,
+    ]
+    claimed = list(DBTaskResult.objects.using(tasks.db).raw(sql, params))
+    return claimed[0] if claimed else None
 
 
 def stale_after() -> timedelta:

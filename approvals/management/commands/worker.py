@@ -1,8 +1,10 @@
 """The console's worker: two pools in one process, plus the reaper.
 
-The resume pool is django-tasks-db's db_worker on the default queue (resume and start tasks),
-in the main thread; on PostgreSQL it LISTENs for the NOTIFY that each enqueue sends on commit,
-so an approved run starts at once instead of at the next poll (polling stays as the fallback).
+The resume pool (ResumePool) is django-tasks-db's Worker on the default queue (resume and start
+tasks), in the main thread, with a loop of its own that claims a task in one statement
+(approvals.execution.workers.claim_next); on PostgreSQL it LISTENs for the NOTIFY that each
+enqueue sends on commit, so an approved run starts at once instead of at the next poll
+(polling stays as the fallback).
 
 The notifications pool (--notification-threads threads, 1 by default) serves the notifications
 queue (queue.SIDE_QUEUE: webhook and email deliveries), so a receiver or an SMTP server that
@@ -12,7 +14,7 @@ the request or the resume that committed them. It polls every --notifications-in
 seconds (woken early on PostgreSQL by a NOTIFY on its own channel) and at once while it has
 work.
 
-db_worker has no lease: a worker killed mid-task leaves its task RUNNING forever. So every
+django-tasks-db has no lease: a worker killed mid-task leaves its task RUNNING forever. So every
 worker process also runs the reaper (they are safe together): each pass records this
 process's heartbeat, settles the RUNNING task rows of workers not seen for a few lease lengths
 (approvals.execution.workers), reaps runs, and sends signals.worker_housekeeping, so the apps
@@ -28,15 +30,12 @@ import time
 
 import psycopg
 from django.conf import settings
-from django.core.management import call_command
 from django.core.management.base import BaseCommand
 from django.db import close_old_connections, connection
-from django.db.utils import OperationalError
 from django.utils.crypto import get_random_string
-from django_tasks_db.compat import DEFAULT_TASK_BACKEND_ALIAS
+from django_tasks_db.compat import DEFAULT_TASK_BACKEND_ALIAS, DEFAULT_TASK_QUEUE_NAME
 from django_tasks_db.management.commands import db_worker
 from django_tasks_db.models import DBTaskResult
-from django_tasks_db.utils import exclusive_transaction, is_locked_database_exception
 
 from approvals import signals
 from approvals.execution import queue, workers
@@ -110,14 +109,40 @@ class Listener:
             time.sleep(seconds)
 
 
-class _WakingClock:
-    """Stands in for the time module inside db_worker: its sleep() returns early on NOTIFY."""
+class ResumePool(db_worker.Worker):
+    """The resume pool: django-tasks-db's Worker (running a task, its result and signals, the
+    graceful stop on SIGTERM) with a loop of its own, which claims each task in one statement
+    (workers.claim_next) and, between polls, waits on its Listener (a NOTIFY ends the wait)."""
 
-    def __init__(self, listener: Listener) -> None:
-        self.sleep = listener.wait
+    def __init__(self, *, listener: Listener | None, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.listener = listener
 
-    def __getattr__(self, name: str):
-        return getattr(time, name)
+    def run(self) -> None:
+        logger.info("Starting worker worker_id=%s queues=%s", self.worker_id, self.queue_names)
+        while self.running:
+            # Dropped or expired connections are seen to on waking, as db_worker does.
+            close_old_connections()
+            task_result = workers.claim_next(
+                backend_name=self.backend_name,
+                queue_names=self.queue_names,
+                worker_id=self.worker_id,
+            )
+            if task_result is not None:
+                self.run_task(task_result)
+            if self.max_tasks is not None and self._run_tasks >= self.max_tasks:
+                logger.info("Ran %d tasks on worker %s; exiting", self._run_tasks, self.worker_id)
+                return
+            close_old_connections()
+            # A SIGTERM during the task cleared running: stop now, without waiting.
+            if self.running and task_result is None:
+                self.wait()
+
+    def wait(self) -> None:
+        if self.listener is not None:
+            self.listener.wait(self.interval)
+        else:
+            time.sleep(self.interval)
 
 
 # Events fanned out in one pass from which the notifications pool goes on to the next pass at
@@ -184,20 +209,11 @@ class NotificationsPool:
         return fanned >= FAN_OUT_BACKLOG
 
     def _claim(self) -> DBTaskResult | None:
-        # As db_worker's own loop claims: SKIP LOCKED, the row RUNNING under this pool's id.
-        tasks = DBTaskResult.objects.ready().filter(
-            backend_name=self.worker.backend_name, queue_name__in=self.worker.queue_names
+        return workers.claim_next(
+            backend_name=self.worker.backend_name,
+            queue_names=self.worker.queue_names,
+            worker_id=self.worker.worker_id,
         )
-        with exclusive_transaction(tasks.db):
-            try:
-                task_result = tasks.get_locked()
-                if task_result is not None:
-                    task_result.claim(self.worker.worker_id)
-            except OperationalError as error:
-                if not is_locked_database_exception(error):
-                    raise
-                task_result = None
-        return task_result
 
     def wait(self) -> None:
         if self.listener is not None:
@@ -214,7 +230,7 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("--interval", type=float, default=1.0, help="seconds between polls")
-        parser.add_argument("--worker-id", default=None)
+        parser.add_argument("--worker-id", default=None, type=db_worker.validate_worker_id)
         parser.add_argument(
             "--max-tasks", type=int, default=None, help="exit after this many resume tasks"
         )
@@ -275,19 +291,23 @@ class Command(BaseCommand):
         ]
         for thread in threads:
             thread.start()
-        if listen:
-            db_worker.time = _WakingClock(Listener())
-        extra = {"max_tasks": max_tasks} if max_tasks else {}
+        # db_worker's own logging: a line per task, to this command's output.
+        db_worker.Command().configure_logging(options["verbosity"])
+        # No autoreload: a reloaded worker would leave its task RUNNING mid-resume.
+        pool = ResumePool(
+            listener=Listener() if listen else None,
+            queue_names=[DEFAULT_TASK_QUEUE_NAME],
+            interval=interval,
+            batch=False,
+            backend_name=DEFAULT_TASK_BACKEND_ALIAS,
+            startup_delay=False,
+            max_tasks=max_tasks,
+            worker_id=worker_id,
+            excluded_queue_names=[],
+        )
         try:
-            # No autoreload: a reloaded worker would leave its task RUNNING mid-resume.
-            call_command(
-                "db_worker",
-                interval=interval,
-                reload=False,
-                startup_delay=False,
-                worker_id=worker_id,
-                **extra,
-            )
+            pool.configure_signals()
+            pool.run()
         finally:
             stop.set()
             # A delivery still waiting on its receiver is not waited for: its row is settled by

@@ -1,5 +1,5 @@
-"""The worker's notifications pool: when a pass is followed at once by the next, and when the
-next waits as an idle pass does."""
+"""The worker's two pools: the resume pool's loop, and when the notifications pool's pass is
+followed at once by the next and when the next waits as an idle pass does."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import pytest
 from django.db import transaction
 
 from approvals.audit import chain as audit
+from approvals.execution import queue
 from approvals.management.commands import worker
 from approvals.models import Role
 from notifications.deliveries import deliver_webhook_task
@@ -91,3 +92,65 @@ def test_the_pool_waits_only_after_a_pass_that_was_not_busy(monkeypatch):
     pool.run()
 
     assert len(waits) == 2
+
+
+# --- the resume pool ------------------------------------------------------------------------
+
+
+def _resume_pool(**kwargs) -> worker.ResumePool:
+    return worker.ResumePool(
+        listener=None,
+        queue_names=["default"],
+        interval=0.01,
+        batch=False,
+        backend_name="default",
+        startup_delay=False,
+        worker_id="w",
+        excluded_queue_names=[],
+        **kwargs,
+    )
+
+
+# The pool closes old connections as it loops, which a test's own transaction does not allow.
+@pytest.mark.django_db(transaction=True)
+def test_the_resume_pool_runs_each_ready_task_once_and_waits_only_when_there_is_none(
+    monkeypatch,
+):
+    for run_id in (1, 2):
+        queue.resume_run_task.enqueue(run_id)
+    pool = _resume_pool(max_tasks=3)
+    ran, waits = [], []
+
+    def run_task(task_result):
+        ran.append(task_result)
+        pool._run_tasks += 1  # as the library's run_task counts
+
+    def wait():
+        waits.append(len(ran))
+        # A third task arrives after the first idle poll.
+        queue.resume_run_task.enqueue(3)
+
+    monkeypatch.setattr(pool, "run_task", run_task)
+    monkeypatch.setattr(pool, "wait", wait)
+
+    pool.run()
+
+    assert [task_result.args_kwargs["args"] for task_result in ran] == [[1], [2], [3]]
+    assert waits == [2]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_resume_pool_stops_without_waiting_when_told_to_during_a_task(monkeypatch):
+    queue.resume_run_task.enqueue(1)
+    pool = _resume_pool(max_tasks=None)
+    waits = []
+
+    def run_task(task_result):
+        pool.running = False  # a SIGTERM arrived while the task ran
+
+    monkeypatch.setattr(pool, "run_task", run_task)
+    monkeypatch.setattr(pool, "wait", lambda: waits.append(True))
+
+    pool.run()
+
+    assert waits == []

@@ -64,19 +64,28 @@ mutants-sqlite: $(MUTATION_STAMP)
 	DATABASE_URL= REDIS_URL= $(BIN)/python -m devtools.mutation_run --max-children \
 		$(MUTATION_CHILDREN) $(MUTANTS)
 
-# The PostgreSQL leg runs the functions of the chain only PostgreSQL reaches (the rest of the chain
-# is checked on SQLite); with MUTANTS set, only the chain's mutants among them (if any).
+# The PostgreSQL leg runs the functions whose statements only PostgreSQL sends: the chain's
+# one-statement append, and the writes that take the chain head's lock in their own statement
+# (the rest of those modules is checked on SQLite); with MUTANTS set, only those of the modules
+# it names (if any).
 CHAIN_ON_POSTGRES := $(foreach f,append _guesses _released _holding _insert_sql _try_linked \
 	_append_linked update_holding_head,'approvals.audit.chain.x_$(f)__mutmut_*')
-POSTGRES_MUTANTS = $(filter approvals.audit.chain.%,$(MUTANTS))
+LEASE_ON_POSTGRES := $(foreach f,claim finish release,'approvals.runs.lease.x_$(f)__mutmut_*')
+LEDGER_ON_POSTGRES := 'approvals.execution.ledger.x_perform__mutmut_*'
+DECIDE_ON_POSTGRES := 'approvals.decisions.decide.x_compare_and_set__mutmut_*'
+ON_POSTGRES := $(CHAIN_ON_POSTGRES) $(LEASE_ON_POSTGRES) $(LEDGER_ON_POSTGRES) $(DECIDE_ON_POSTGRES)
+POSTGRES_MUTANTS = $(strip $(filter approvals.audit.chain.%,$(MUTANTS)) \
+	$(if $(filter approvals.runs.lease.%,$(MUTANTS)),$(LEASE_ON_POSTGRES)) \
+	$(if $(filter approvals.execution.ledger.%,$(MUTANTS)),$(LEDGER_ON_POSTGRES)) \
+	$(if $(filter approvals.decisions.decide.%,$(MUTANTS)),$(DECIDE_ON_POSTGRES)))
 mutants-postgres: $(MUTATION_STAMP)
 ifeq ($(if $(MUTANTS),$(POSTGRES_MUTANTS),all),)
-	@echo "PostgreSQL leg: no mutant of approvals.audit.chain in MUTANTS, nothing to run."
+	@echo "PostgreSQL leg: no module in MUTANTS has functions it runs, nothing to run."
 else
 	$(BIN)/python -m devtools.mutation_leg $(MUTATION_POSTGRES) --leg postgres
 	cd $(MUTATION_POSTGRES) && DATABASE_URL=$(MUTATION_DATABASE_URL) REDIS_URL= \
 		$(CURDIR)/$(BIN)/python -m devtools.mutation_run --max-children $(MUTATION_CHILDREN) \
-		$(or $(POSTGRES_MUTANTS),$(CHAIN_ON_POSTGRES))
+		$(or $(POSTGRES_MUTANTS),$(ON_POSTGRES))
 endif
 
 lint: install

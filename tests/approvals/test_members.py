@@ -135,3 +135,43 @@ def test_is_member_needs_both_the_membership_and_an_active_account(
     user = UserFactory(is_active=active)
 
     assert members.is_member(user, has_membership=has_membership) is expected
+
+
+def test_role_in_is_the_rows_users_role_in_the_tenant_asked_about():
+    first, second = TenantFactory(), TenantFactory()
+    alice = member(first, Role.APPROVER)
+    Membership.objects.create(user=alice, tenant=second, role=Role.ADMIN)
+    bob = member(second, Role.VIEWER)
+    ticket = Ticket.objects.filter(run=paused_run(first, requested_by=alice))
+
+    def role(user, tenant) -> str | None:
+        ticket.update(requested_by=user)
+        return ticket.annotate(role=members.role_in(tenant.pk, "requested_by_id")).get().role
+
+    assert role(alice, first) == Role.APPROVER
+    assert role(alice, second) == Role.ADMIN
+    assert role(bob, first) is None
+    assert role(bob, second) == Role.VIEWER
+
+
+def test_membership_from_role_is_what_membership_for_says():
+    tenant = TenantFactory()
+    alice = member(tenant, Role.APPROVER)
+
+    found = members.membership_from_role(alice, tenant.pk, Role.APPROVER)
+
+    expected = members.membership_for(alice, tenant.pk)
+    assert (found.user, found.tenant_id, found.role) == (
+        expected.user,
+        expected.tenant_id,
+        expected.role,
+    )
+    assert found.can_decide
+
+
+@pytest.mark.parametrize(("active", "role"), [(True, None), (False, Role.APPROVER)])
+def test_membership_from_role_without_a_role_or_an_active_account_is_none(active, role):
+    tenant = TenantFactory()
+    user = UserFactory(is_active=active)
+
+    assert members.membership_from_role(user, tenant.pk, role) is None

@@ -8,6 +8,7 @@ from django.db import connection
 
 from approvals.decisions.decide import decide
 from approvals.models import Role, RunStatus, Ticket
+from approvals.runs import lease
 from approvals.runs.pause import pause_run
 from approvals.runs.resume import resume
 from devtools.bench import queries
@@ -57,4 +58,43 @@ def test_statements_of_a_pause():
     # audit-head lock too, and each event is one statement with its head), its audit event,
     # the policy, the ticket, its event.
     expected = {"postgresql": 6, "sqlite": 11}[connection.vendor]
+    assert counts["main"] + counts["other"] == expected, counts.log
+
+
+def test_statements_of_a_decision_that_queues_its_run():
+    tenant = TenantFactory(slug="acme")
+    approver = member(tenant, Role.APPROVER, "ann")
+    requester = member(tenant, Role.VIEWER, "req")
+    # The first decision of the process reads what later ones find cached.
+    decide(
+        Ticket.objects.get(run=paused_run(tenant, requested_by=requester)),
+        user=approver,
+        approve=True,
+    )
+    ticket = Ticket.objects.get(run=paused_run(tenant, requested_by=requester))
+
+    with queries.counting() as counts:
+        decide(ticket, user=approver, approve=True)
+
+    ticket.run.refresh_from_db()
+    assert ticket.run.status == RunStatus.QUEUED
+    # Before the lock: the decider's membership and its tenant, the run (the digest gate opens
+    # its state). Under the run's lock: the run, the ticket with its policy, the valid votes,
+    # the vote, the compare-and-set (with the audit head's lock on PostgreSQL), its audit
+    # event; the run queued if no ticket of its state is pending, its task (and NOTIFY on
+    # PostgreSQL), its audit event. On SQLite an append is three statements.
+    expected = {"postgresql": 13, "sqlite": 17}[connection.vendor]
+    assert counts["main"] + counts["other"] == expected, counts.log
+
+
+def test_statements_of_a_release():
+    tenant = TenantFactory(slug="acme")
+    run = _decided(tenant)
+    claimed = lease.claim(run.pk, "w", lease.RESUME)
+
+    with queries.counting() as counts:
+        assert lease.release(claimed, reason="the session store is down")
+
+    # The run given back (with the audit head's lock on PostgreSQL) and its audit event.
+    expected = {"postgresql": 2, "sqlite": 5}[connection.vendor]
     assert counts["main"] + counts["other"] == expected, counts.log

@@ -11,11 +11,11 @@ from __future__ import annotations
 import logging
 from datetime import datetime, timedelta
 
-from django.db import connection, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from approvals.core.redaction import redact
-from approvals.execution.queue import SIDE_QUEUE, SIDE_WAKE_CHANNEL
+from approvals.execution.queue import SIDE_QUEUE
 from notifications.models import DeliveryStatus
 
 MAX_ATTEMPTS = 5
@@ -45,15 +45,6 @@ class DeliveryFailed(Exception):
 def short_error(text: str) -> str:
     """An attempt's error as recorded: one line, secret-shaped values redacted, 200 characters."""
     return str(redact(" ".join(text.split())))[:200]
-
-
-def wake_worker() -> None:
-    """Tell a worker's notifications pool waiting on PostgreSQL that tasks were enqueued (the
-    caller's transaction sends it on commit; the resume loop is not woken); elsewhere, and
-    when the notification is lost, the pool's short poll finds them."""
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute(f"NOTIFY {SIDE_WAKE_CHANNEL}")
 
 
 def claim(rows, pk: int, now: datetime):

@@ -29,7 +29,6 @@ from notifications.attempts import (
     report,
     settle,
     still_claimed,
-    wake_worker,
 )
 from notifications.emails import deliver_email_task
 from notifications.endpoints import audited_host, endpoint_secret
@@ -173,8 +172,6 @@ def requeue_stale(*, now: datetime | None = None) -> int:
             for pk in stale:
                 deliver.enqueue(pk)
             found += len(stale)
-        if found:
-            wake_worker()
     return found
 
 
@@ -192,7 +189,6 @@ def retry(delivery: Delivery, *, user) -> Delivery:
         hints.notify_admins_on_commit(
             delivery.tenant_id, delivery=delivery.pk, status=delivery.status
         )
-        wake_worker()
     return delivery
 
 

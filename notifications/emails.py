@@ -31,7 +31,6 @@ from notifications.attempts import (
     settle,
     short_error,
     still_claimed,
-    wake_worker,
 )
 from notifications.events import Facts, event_for, facts_for
 from notifications.models import DeliveryStatus, EmailDelivery, Event
@@ -162,7 +161,6 @@ def send_email(*, audit_event_id: int, recipients: list[str]) -> int:
     subject, body = email_for(facts_for(audit_event, event))
     with transaction.atomic():
         created = create_emails(audit_event, event, subject, body, recipients, timezone.now())
-        wake_worker()
     return len(created)
 
 
@@ -314,5 +312,4 @@ def retry_email(email: EmailDelivery, *, user) -> EmailDelivery:
         _audit_email(email, "email.retried", actor=user)
         deliver_email_task.enqueue(email.pk)
         hints.notify_admins_on_commit(email.tenant_id, email=email.pk, status=email.status)
-        wake_worker()
     return email

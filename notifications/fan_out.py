@@ -24,7 +24,6 @@ from django.utils import timezone
 from approvals.core.links import public_url
 from approvals.live import hints
 from approvals.models import AuditEvent, Tenant
-from notifications.attempts import wake_worker
 from notifications.deliveries import deliver_webhook_task
 from notifications.emails import create_emails, email_for, recipients_for
 from notifications.events import event_for, facts_for, in_full
@@ -190,7 +189,6 @@ def fan_out(
             create_emails(audit_event, event, subject, text, recipients, now)
         if created or recipients:
             hints.notify_admins_on_commit(audit_event.tenant_id, status=DeliveryStatus.PENDING)
-        wake_worker()
     return created
 
 
@@ -225,7 +223,6 @@ def fan_out_checkpoint(*, audit_event: AuditEvent, checkpoint: dict) -> list[Del
         created = _deliveries(endpoints, audit_event, Event.AUDIT_CHECKPOINT, body, timezone.now())
         if created:
             hints.notify_admins_on_commit(audit_event.tenant_id, status=DeliveryStatus.PENDING)
-        wake_worker()
     return created
 
 

@@ -13,7 +13,6 @@ import logging
 from collections.abc import Callable
 from typing import Protocol
 
-from django.db import connection
 from django.db.models import Exists, OuterRef
 from django_tasks import task
 
@@ -28,9 +27,12 @@ from approvals.models import (
     TicketStatus,
 )
 
+# The channel a task's insert on the default queue NOTIFYs on PostgreSQL (a trigger: migration
+# 0013, which writes these names out), and the resume pool LISTENs on.
 WAKE_CHANNEL = "approvals_resume"
 # The worker's second pool (manage.py worker): its queue, for the tasks that must never hold up
-# a resume (the notifications' webhook and email deliveries), and the channel that wakes it.
+# a resume (the notifications' webhook and email deliveries), and the channel its tasks'
+# inserts NOTIFY on.
 SIDE_QUEUE = "notifications"
 SIDE_WAKE_CHANNEL = "approvals_notifications"
 # The statuses a resume leaves when it did its work; anything else is logged as a warning.
@@ -86,12 +88,6 @@ def start_run_task(run_id: int) -> str:
     return _work("start", run_id)
 
 
-def _wake() -> None:
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute(f"NOTIFY {WAKE_CHANNEL}")
-
-
 def decision_words(tickets) -> list[str]:
     """The decisions a resume ran with, as its log line says them: "tool status by user"."""
     return [
@@ -131,21 +127,20 @@ def _log_resumed(resumed: Resumed) -> None:
 
 
 def enqueue_resume(run_id: int) -> None:
-    """Queue the run's resume in the caller's transaction, and wake a worker when it commits.
+    """Queue the run's resume in the caller's transaction; a worker wakes when it commits.
 
     The task row lives in the same database, so it commits or rolls back with the decision.
-    On PostgreSQL a NOTIFY (also transactional: delivered only on commit) wakes a listening
-    worker at once; a lost notification costs one poll interval, as the worker still polls.
+    On PostgreSQL the row's insert sends a NOTIFY on WAKE_CHANNEL (a trigger, migration 0013;
+    transactional: delivered only on commit), which wakes a listening worker at once; a lost
+    notification costs one poll interval, as the worker still polls.
     """
     resume_run_task.enqueue(run_id)
-    _wake()
 
 
 def enqueue_start(run_id: int) -> None:
     """Queue the start of a run the console runs, in the caller's transaction, exactly as
     enqueue_resume does (same database, NOTIFY on commit on PostgreSQL)."""
     start_run_task.enqueue(run_id)
-    _wake()
 
 
 def queue_if_decided(run: Run, *, now, actor=None, actor_name: str = "") -> bool:

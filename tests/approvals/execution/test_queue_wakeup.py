@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import time
 
+import psycopg
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 
 from approvals.decisions.decide import decide
+from approvals.execution import queue
 from approvals.execution.queue import WAKE_CHANNEL
 from approvals.models import Run, RunStatus, Ticket
 from devtools import demo
+from notifications.deliveries import deliver_webhook_task
 from tests.support import TenantFactory, member, paused_run
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -53,3 +56,45 @@ def _listening() -> bool:
             [f"LISTEN {WAKE_CHANNEL}"],
         )
         return cursor.fetchone()[0] > 0
+
+
+@pytest.mark.parametrize(
+    ("enqueue", "channel"),
+    [
+        (lambda: queue.resume_run_task.enqueue(1), queue.WAKE_CHANNEL),
+        (lambda: queue.start_run_task.enqueue(1), queue.WAKE_CHANNEL),
+        (lambda: deliver_webhook_task.enqueue(1), queue.SIDE_WAKE_CHANNEL),
+    ],
+)
+def test_a_tasks_insert_wakes_its_queues_workers_when_it_commits(enqueue, channel):
+    if connection.vendor != "postgresql":
+        pytest.skip("LISTEN/NOTIFY is PostgreSQL's; on SQLite the worker polls")
+    listener = psycopg.connect(**connection.get_connection_params(), autocommit=True)
+    try:
+        for name in (queue.WAKE_CHANNEL, queue.SIDE_WAKE_CHANNEL):
+            listener.execute(f"LISTEN {name}")
+        with transaction.atomic():
+            enqueue()
+            # Not before the commit: a rolled-back enqueue wakes nobody.
+            assert list(listener.notifies(timeout=0.2, stop_after=1)) == []
+
+        heard = [n.channel for n in listener.notifies(timeout=5, stop_after=1)]
+    finally:
+        listener.close()
+
+    assert heard == [channel]
+
+
+def test_a_rolled_back_enqueue_wakes_no_worker():
+    if connection.vendor != "postgresql":
+        pytest.skip("LISTEN/NOTIFY is PostgreSQL's; on SQLite the worker polls")
+    listener = psycopg.connect(**connection.get_connection_params(), autocommit=True)
+    try:
+        listener.execute(f"LISTEN {queue.WAKE_CHANNEL}")
+        with pytest.raises(RuntimeError), transaction.atomic():
+            queue.resume_run_task.enqueue(1)
+            raise RuntimeError("the decision failed")
+
+        assert list(listener.notifies(timeout=0.5, stop_after=1)) == []
+    finally:
+        listener.close()

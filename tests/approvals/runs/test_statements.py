@@ -81,9 +81,10 @@ def test_statements_of_a_decision_that_queues_its_run():
     # Before the lock: the decider's membership and its tenant, the run (the digest gate opens
     # its state). Under the run's lock: the run, the ticket with its policy, the valid votes,
     # the vote, the compare-and-set (with the audit head's lock on PostgreSQL), its audit
-    # event; the run queued if no ticket of its state is pending, its task (and NOTIFY on
-    # PostgreSQL), its audit event. On SQLite an append is three statements.
-    expected = {"postgresql": 13, "sqlite": 17}[connection.vendor]
+    # event; the run queued if no ticket of its state is pending, its task (whose insert
+    # NOTIFYs the workers on PostgreSQL), its audit event. On SQLite an append is three
+    # statements.
+    expected = {"postgresql": 12, "sqlite": 17}[connection.vendor]
     assert counts["main"] + counts["other"] == expected, counts.log
 
 

@@ -264,8 +264,6 @@ def update_queryset_holding_head(queryset: QuerySet, **values: Any) -> int:
     compiler = query.get_compiler(queryset.db)
     compiler.pre_sql_setup()
     update_sql, params = compiler.as_sql()
-    if not update_sql:
-        return 0
     return len(update_holding_head(update_sql, params, returning="1", using=queryset.db))
 
 

@@ -241,7 +241,7 @@ def update_holding_head(
     statement = (
         f"WITH changed AS ({sql} RETURNING tenant_id AS audit_tenant, {returning}), "
         f"head AS (SELECT id, audit_seq, audit_head FROM {tenants} "
-        "WHERE id IN (SELECT audit_tenant FROM changed) FOR UPDATE) "
+        "WHERE id IN (SELECT audit_tenant FROM changed) ORDER BY id FOR UPDATE) "
         "SELECT head.id, head.audit_seq, head.audit_head, changed.* "
         "FROM changed LEFT JOIN head ON head.id = changed.audit_tenant"
     )

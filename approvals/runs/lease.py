@@ -225,7 +225,6 @@ def finish(run: Run, *, status: str, reason: str = "", final_output: str = "", a
         stored = transitions.move_runs(
             owned(run),
             to=status,
-            write=chain.update_queryset_holding_head,
             status_reason=reason,
             final_output=final_output,
             lease_owner="",

@@ -123,11 +123,17 @@ class ResumePool(db_worker.Worker):
         while self.running:
             # Dropped or expired connections are seen to on waking, as db_worker does.
             close_old_connections()
-            task_result = workers.claim_next(
-                backend_name=self.backend_name,
-                queue_names=self.queue_names,
-                worker_id=self.worker_id,
-            )
+            # A SIGTERM during the claim waits for it, as for a task: a claim cut short could
+            # leave a task RUNNING that nobody runs (until the reaper settles it).
+            self.running_task = True
+            try:
+                task_result = workers.claim_next(
+                    backend_name=self.backend_name,
+                    queue_names=self.queue_names,
+                    worker_id=self.worker_id,
+                )
+            finally:
+                self.running_task = False
             if task_result is not None:
                 self.run_task(task_result)
             if self.max_tasks is not None and self._run_tasks >= self.max_tasks:
@@ -230,7 +236,7 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("--interval", type=float, default=1.0, help="seconds between polls")
-        parser.add_argument("--worker-id", default=None, type=db_worker.validate_worker_id)
+        parser.add_argument("--worker-id", default=None)
         parser.add_argument(
             "--max-tasks", type=int, default=None, help="exit after this many resume tasks"
         )
@@ -301,7 +307,8 @@ class Command(BaseCommand):
             batch=False,
             backend_name=DEFAULT_TASK_BACKEND_ALIAS,
             startup_delay=False,
-            max_tasks=max_tasks,
+            # 0, like no --max-tasks, is no limit.
+            max_tasks=max_tasks or None,
             worker_id=worker_id,
             excluded_queue_names=[],
         )

@@ -154,3 +154,22 @@ def test_the_resume_pool_stops_without_waiting_when_told_to_during_a_task(monkey
     pool.run()
 
     assert waits == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_resume_pool_claims_as_it_runs_a_task_so_a_sigterm_waits_for_the_claim(monkeypatch):
+    pool = _resume_pool(max_tasks=None)
+    seen = []
+
+    def claim_next(**kwargs):
+        seen.append(pool.running_task)
+        # A SIGTERM now: the library's handler exits at once only when no task is running.
+        pool.running = False
+        return None
+
+    monkeypatch.setattr(worker.workers, "claim_next", claim_next)
+
+    pool.run()
+
+    assert seen == [True]
+    assert pool.running_task is False

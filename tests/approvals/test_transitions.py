@@ -82,7 +82,17 @@ def _status_writes(tree: ast.AST) -> list[int]:
     """Lines that write a status column: .update(status=...), .create(status=...) or a save
     whose update_fields name "status"."""
     lines = []
+    # The copies of functions that the mutation run writes beside the code (their names hold
+    # "__mutmut_") are its mutants, not the product's writes.
+    mutants = {
+        id(inner)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef) and "__mutmut_" in node.name
+        for inner in ast.walk(node)
+    }
     for node in ast.walk(tree):
+        if id(node) in mutants:
+            continue
         if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
             continue
         keywords = {k.arg: k.value for k in node.keywords}

@@ -233,10 +233,14 @@ def update_holding_head(
     conn = connections[using]
     if not conn.in_atomic_block:
         raise RuntimeError("update_holding_head must run inside a transaction")
-    if conn.vendor != "postgresql":
-        with conn.cursor() as cursor:
-            cursor.execute(f"{sql} RETURNING {returning}", params)
-            return cursor.fetchall()
+    if conn.vendor == "postgresql":
+        return _update_holding_head_postgres(conn, sql, params, returning)
+    with conn.cursor() as cursor:
+        cursor.execute(f"{sql} RETURNING {returning}", params)
+        return cursor.fetchall()
+
+
+def _update_holding_head_postgres(conn, sql: str, params: Sequence[Any], returning: str):
     tenants = conn.ops.quote_name(Tenant._meta.db_table)
     statement = (
         f"WITH changed AS ({sql} RETURNING tenant_id AS audit_tenant, {returning}), "

@@ -264,3 +264,18 @@ def test_an_update_holding_the_head_outside_a_transaction_is_refused():
     assert str(raised.value) == "update_holding_head must run inside a transaction"
     run.refresh_from_db()
     assert run.title != "no"
+
+
+@POSTGRES_ONLY
+def test_a_head_held_by_an_update_is_let_go_when_its_transaction_commits():
+    tenant = TenantFactory(slug="acme")
+    run = paused_run(tenant)
+    # A first transaction holds the head and lets it go at its commit.
+    _append_in_transaction(tenant, "first")
+    assert connection._audit_heads[tenant.pk][2] is False
+
+    # The next one holds it again through an update: it too must let it go at its commit, or
+    # a later transaction would take the head as its own without the row's lock.
+    _hold_and_append(run, "held")
+
+    assert connection._audit_heads[tenant.pk][2] is False

@@ -104,6 +104,16 @@ Update = Callable[..., int]
 UpdateReturning = Callable[..., list[tuple]]
 
 
+def update_statement(queryset: QuerySet, **values) -> tuple[str, tuple]:
+    """The SQL and parameters queryset.update(**values) would send, for a caller that sends
+    it inside a statement of its own (RETURNING, a CTE)."""
+    query = queryset.query.chain(sql.UpdateQuery)
+    query.add_update_values(values)
+    compiler = query.get_compiler(queryset.db)
+    compiler.pre_sql_setup()
+    return compiler.as_sql()
+
+
 def _update(queryset: QuerySet, **values) -> int:
     return queryset.update(**values)
 
@@ -136,11 +146,7 @@ def move_run_returning(
     """
     fields.setdefault("updated_at", timezone.now())
     moving = runs.filter(status__in=_sources(RUN_TRANSITIONS, to))
-    query = moving.query.chain(sql.UpdateQuery)
-    query.add_update_values({"status": to, **fields})
-    compiler = query.get_compiler(moving.db)
-    compiler.pre_sql_setup()
-    update_sql, params = compiler.as_sql()
+    update_sql, params = update_statement(moving, status=to, **fields)
     columns = list(Run._meta.concrete_fields)
     quote = connections[moving.db].ops.quote_name
     returning = ", ".join(quote(field.column) for field in columns)

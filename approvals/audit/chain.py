@@ -20,10 +20,10 @@ from datetime import UTC
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
-from django.db.models import Count, QuerySet, sql
+from django.db.models import Count, QuerySet
 from django.utils import timezone
 
-from approvals import signals
+from approvals import signals, transitions
 from approvals.audit import actions
 from approvals.core import signatures
 from approvals.core.canonical import canonical_json
@@ -263,11 +263,7 @@ def _update_holding_head_postgres(conn, sql: str, params: Sequence[Any], returni
 
 def update_queryset_holding_head(queryset: QuerySet, **values: Any) -> int:
     """queryset.update(**values) through update_holding_head(): how many rows changed."""
-    query = queryset.query.chain(sql.UpdateQuery)
-    query.add_update_values(values)
-    compiler = query.get_compiler(queryset.db)
-    compiler.pre_sql_setup()
-    update_sql, params = compiler.as_sql()
+    update_sql, params = transitions.update_statement(queryset, **values)
     return len(update_holding_head(update_sql, params, returning="1", using=queryset.db))
 
 

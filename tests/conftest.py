@@ -317,9 +317,8 @@ class HintSender:
     def send(self, group: str, message: dict) -> None:
         self.one.append((group, message))
 
-    def send_many(self, held: list[tuple[str, dict]]) -> list[None]:
+    def send_many(self, held: list[tuple[str, dict]]) -> None:
         self.many.append(list(held))
-        return [None] * len(held)
 
     @property
     def sent(self) -> list[tuple[str, dict]]:

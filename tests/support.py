@@ -27,6 +27,7 @@ from allauth.mfa.totp.internal.auth import (
     generate_totp_secret,
     hotp_value,
 )
+from asgiref.sync import sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.conf import settings as django_settings
 from django.contrib.auth import get_user_model
@@ -39,6 +40,7 @@ from django.utils import timezone
 from api import tokens
 from approvals.audit import chain, guard
 from approvals.execution import registry
+from approvals.live import hints
 from approvals.models import AuditEvent, Membership, Role, Run, Tenant, Ticket
 from approvals.runs.pause import pause_run
 from approvals.runs.remote import submit_paused
@@ -279,6 +281,12 @@ def cookie_of(client: Client) -> tuple[bytes, bytes]:
 def socket(*headers: tuple[bytes, bytes]) -> WebsocketCommunicator:
     """A websocket to the console's live channel, through the whole ASGI application."""
     return WebsocketCommunicator(application, SOCKET_PATH, headers=list(headers))
+
+
+async def hints_settled() -> None:
+    """Wait until the live hints handed to a loop so far were sent (or their failures logged): a
+    view's hints go to the loop that lent it its thread, and a test's loop ends with the test."""
+    assert await sync_to_async(hints._sender.wait_sent, thread_sensitive=False)()
 
 
 async def decision_hints(communicator) -> dict[str, str]:

@@ -12,6 +12,7 @@ socket (re)connects; after that, a lost hint costs at most a poll interval, neve
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import os
 import threading
@@ -19,7 +20,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from asgiref.sync import SyncToAsync, async_to_sync
+from asgiref.sync import SyncToAsync
 from channels.layers import (
     DEFAULT_CHANNEL_LAYER,
     InMemoryChannelLayer,
@@ -56,14 +57,32 @@ def _shared_layer():
     return layer
 
 
-class _SenderLoop:
-    """The process's own event loop, in a daemon thread, for hints sent from synchronous code.
+def _server_loop() -> asyncio.AbstractEventLoop | None:
+    """The ASGI server's loop when this thread is one that loop lent to synchronous code (a
+    view) and it still runs, else None. (A thread that once ran a sync_to_async call of a loop
+    since closed keeps that loop in its thread-locals: asgiref then starts a new loop.)"""
+    local = SyncToAsync.threadlocal
+    loop = getattr(local, "main_event_loop", None)
+    if (
+        loop is not None
+        and getattr(local, "main_event_loop_pid", None) == os.getpid()
+        and loop.is_running()
+    ):
+        return loop
+    return None
 
-    async_to_sync in a thread without an event loop (a worker, a command) starts a fresh loop
-    for every call, and channels-redis keeps its connections per loop: every hint would open
-    and close a Redis connection. Sending through one long-lived loop keeps one connection. It
-    has its own instance of the channel layer, so nothing else ever touches those connections
-    from another loop.
+
+class _SenderLoop:
+    """Hands hints from synchronous code to an event loop and goes on: a decision's answer and a
+    worker's resume never wait for Redis. A hint only says what to re-read, so one that arrives
+    after the next is harmless; one that fails is logged.
+
+    In a view's thread under the ASGI server, the loop is the server's own: it already holds the
+    layer's connections (its sockets' consumers use them). Elsewhere (a worker, a command) it is
+    the process's own loop in a daemon thread: async_to_sync there would start a fresh loop for
+    every call, and channels-redis keeps its connections per loop, so every hint would open and
+    close a Redis connection. That loop has its own instance of the channel layer, so nothing
+    else ever touches those connections from another loop.
     """
 
     TIMEOUT = 2.0
@@ -73,8 +92,11 @@ class _SenderLoop:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._layer = None
         self._pid = 0
+        # Hand-offs not yet settled (sent, or their failures logged).
+        self._settled = threading.Condition()
+        self._pending = 0
 
-    def _started(self):
+    def _own(self):
         with self._lock:
             # A forked child inherits the attributes but not the thread: start its own.
             if self._loop is None or self._pid != os.getpid():
@@ -85,17 +107,56 @@ class _SenderLoop:
             return self._loop, self._layer
 
     def send(self, group: str, message: dict[str, Any]) -> None:
-        """Hand the hint to the loop and go on: a worker's resume does not wait for Redis. A
-        hint only says what to re-read, so one that arrives after the next is harmless; one
-        that fails is logged."""
-        loop, layer = self._started()
-        future = asyncio.run_coroutine_threadsafe(layer.group_send(group, message), loop)
-        future.add_done_callback(lambda done: _log_failure(done, group))
+        self.send_many([(group, message)])
 
-    def send_many(self, hints: list[tuple[str, dict[str, Any]]]) -> list[BaseException | None]:
-        loop, layer = self._started()
-        future = asyncio.run_coroutine_threadsafe(_group_send_all(layer, hints), loop)
-        return future.result(timeout=self.TIMEOUT)
+    def send_many(self, hints: list[tuple[str, dict[str, Any]]]) -> None:
+        """Every hint at once, their Redis round trips overlapping; failures are logged."""
+        with self._settled:
+            self._pending += 1
+        try:
+            future = self._hand_over(hints)
+        except BaseException:
+            self._settle()
+            raise
+        future.add_done_callback(lambda done: self._done(done, hints))
+
+    def _hand_over(self, hints) -> concurrent.futures.Future:
+        server = _server_loop()
+        if server is not None:
+            sending = _group_send_all(get_channel_layer(), hints)
+            try:
+                return asyncio.run_coroutine_threadsafe(sending, server)
+            except RuntimeError:
+                # The server's loop closed since: this process's own loop sends it.
+                sending.close()
+        loop, layer = self._own()
+        return asyncio.run_coroutine_threadsafe(_group_send_all(layer, hints), loop)
+
+    def _done(self, done: concurrent.futures.Future, hints) -> None:
+        try:
+            if done.cancelled():
+                return
+            if (error := done.exception()) is not None:
+                logger.warning(
+                    "live updates to %s not delivered", [g for g, _ in hints], exc_info=error
+                )
+                return
+            for (group, _), error in zip(hints, done.result(), strict=True):
+                if error is not None:
+                    logger.warning("live update to %s not delivered", group, exc_info=error)
+        finally:
+            self._settle()
+
+    def _settle(self) -> None:
+        with self._settled:
+            self._pending -= 1
+            self._settled.notify_all()
+
+    def wait_sent(self, timeout: float = TIMEOUT) -> bool:
+        """Wait until every hint handed over so far was sent or its failure logged (a command
+        about to exit, a test); False when some were still on their way after timeout seconds."""
+        with self._settled:
+            return self._settled.wait_for(lambda: self._pending == 0, timeout=timeout)
 
 
 async def _group_send_all(
@@ -108,24 +169,9 @@ async def _group_send_all(
     return [r if isinstance(r, BaseException) else None for r in results]
 
 
-def _log_failure(done, group: str) -> None:
-    error = None if done.cancelled() else done.exception()
-    if error is not None:
-        logger.warning("live update to %s not delivered", group, exc_info=error)
-
-
 _sender = _SenderLoop()
 # The hints of the batch open in this thread (see batched), or None.
 _batch = threading.local()
-
-
-def _in_async_server() -> bool:
-    """True in a thread that an ASGI server's loop lent to synchronous code (a view)."""
-    local = SyncToAsync.threadlocal
-    return (
-        getattr(local, "main_event_loop", None) is not None
-        and getattr(local, "main_event_loop_pid", None) == os.getpid()
-    )
 
 
 def _send(group: str, message: dict[str, Any]) -> None:
@@ -133,36 +179,21 @@ def _send(group: str, message: dict[str, Any]) -> None:
     if held is not None:
         held.append((group, message))
         return
-    try:
-        layer = _shared_layer()
-        if layer is None:
-            return
-        if _in_async_server():
-            # The server's own loop already holds the layer's connections.
-            async_to_sync(layer.group_send)(group, message)
-        else:
-            _sender.send(group, message)
-    except Exception:
-        # Live updates are a convenience; pages still show the truth on the next load.
-        logger.warning("live update to %s not delivered", group, exc_info=True)
+    _send_many([(group, message)])
 
 
 def _send_many(hints: list[tuple[str, dict[str, Any]]]) -> None:
-    """The hints in one hop to the layer's event loop, their group_sends side by side."""
+    """Hand the hints to a loop in one hop, their group_sends side by side (see _SenderLoop)."""
     try:
-        layer = _shared_layer()
-        if layer is None:
+        if _shared_layer() is None:
             return
-        if _in_async_server():
-            errors = async_to_sync(_group_send_all)(layer, hints)
+        if len(hints) == 1:
+            _sender.send(*hints[0])
         else:
-            errors = _sender.send_many(hints)
+            _sender.send_many(hints)
     except Exception:
+        # Live updates are a convenience; pages still show the truth on the next load.
         logger.warning("live updates to %s not delivered", [g for g, _ in hints], exc_info=True)
-        return
-    for (group, _), error in zip(hints, errors, strict=True):
-        if error is not None:
-            logger.warning("live update to %s not delivered", group, exc_info=error)
 
 
 @contextmanager
@@ -185,9 +216,7 @@ def batched() -> Iterator[None]:
         yield
     finally:
         held, _batch.hints = _batch.hints, None
-        if len(held) == 1:
-            _send(*held[0])
-        elif held:
+        if held:
             _send_many(held)
 
 

@@ -16,7 +16,15 @@ from approvals import signins, tenancy
 from approvals.live import hints, tail
 from approvals.live.consumers import SIGNED_OUT_CODE
 from approvals.models import Role
-from tests.support import ORIGIN, TenantFactory, cookie_of, member, signed_in, socket
+from tests.support import (
+    ORIGIN,
+    TenantFactory,
+    cookie_of,
+    hints_settled,
+    member,
+    signed_in,
+    socket,
+)
 
 REDIS_TEST_URL = "redis://127.0.0.1:6379/14"
 
@@ -84,6 +92,7 @@ def test_removed_member_socket_closes_within_a_second(layer):
             quiet = await _closes(kept)
             return closed, quiet
         finally:
+            await hints_settled()
             await gone.disconnect()
             await kept.disconnect()
 
@@ -113,6 +122,7 @@ def test_signing_out_the_other_sessions_keeps_this_sessions_socket(layer):
             quiet = await _closes(kept)
             return closed, quiet
         finally:
+            await hints_settled()
             await kept.disconnect()
             await gone.disconnect()
 

@@ -26,6 +26,7 @@ from devtools import processes
 from devtools.bench import api_submit, database, pages, queries, sdk, silent, stats
 from devtools.bench import clones as cloning
 from devtools.bench import report as bench_report
+from devtools.bench.completions import Completions
 from devtools.processes import ConsoleClient
 from notifications.fan_out import catch_up
 
@@ -180,7 +181,7 @@ class Command(BaseCommand):
         receiver = silent.SilentReceiver()
         receiver.subscribe(tenant, approver)
         webs = self.start_webs(procs)
-        report.update(self.approve_over_http(procs, webs, groups["http"], approver))
+        report.update(self.approve_over_http(procs, webs, groups["http"], tenant, approver))
         report["http_webhook_receiver"] = {
             "answers": "never",
             "connections_held": receiver.connections,
@@ -270,7 +271,7 @@ class Command(BaseCommand):
     def start_webs(self, procs) -> list[tuple[str, processes.Proc]]:
         return [processes.start_web(procs, self.web_env()) for _ in range(2)]
 
-    def approve_over_http(self, procs, webs, clones, approver) -> dict[str, Any]:
+    def approve_over_http(self, procs, webs, clones, tenant, approver) -> dict[str, Any]:
         redis_url = settings.REDIS_URL or ""
         env = self.web_env()
         workers = [procs.start("worker", "worker", "--interval", "1", env=env) for _ in range(2)]
@@ -280,33 +281,37 @@ class Command(BaseCommand):
             client.login(approver.username, PASSWORD)
             clients.append(client)
         time.sleep(2)  # the workers are up and listening
-        decisions, completions, statuses = [], [], []
+        completions = Completions(tenant.pk)
+        decisions, completions_s, statuses = [], [], []
         sessions_before = database.sessions_opened()
-        for n, clone in enumerate(clones):
-            client = clients[n % len(clients)]
-            t0 = time.perf_counter()
-            status = client.decide(clone.ticket_id).status
-            t1 = time.perf_counter()
-            statuses.append(status)
-            done = Run.objects.filter(
-                pk=clone.run_id, status=RunStatus.COMPLETED, effects__status="done"
-            )
-            deadline = t0 + 30
-            while not done.exists():
-                if time.perf_counter() > deadline:
+        try:
+            for n, clone in enumerate(clones):
+                client = clients[n % len(clients)]
+                t0 = time.perf_counter()
+                status = client.decide(clone.ticket_id).status
+                t1 = time.perf_counter()
+                statuses.append(status)
+                try:
+                    completions.finished(clone.run_id, timeout=30)
+                except TimeoutError:
                     raise RuntimeError(
-                        f"run {clone.run_id} not completed after 30s\n"
+                        f"run {clone.run_id} not finished after 30s\n"
                         + "\n".join(p.tail() for p in workers)
-                    )
-                time.sleep(0.001)
-            t2 = time.perf_counter()
-            decisions.append(t1 - t0)
-            completions.append(t2 - t0)
+                    ) from None
+                t2 = time.perf_counter()
+                if not Run.objects.filter(
+                    pk=clone.run_id, status=RunStatus.COMPLETED, effects__status="done"
+                ).exists():
+                    raise RuntimeError(f"run {clone.run_id} finished without completing its effect")
+                decisions.append(t1 - t0)
+                completions_s.append(t2 - t0)
+        finally:
+            completions.close()
         sessions_after = database.sessions_opened()
         warm = 20
         run_ids = [c.run_id for c in clones]
         result = {
-            "approve_to_completed_ms": stats.summary_ms(completions[warm:]),
+            "approve_to_completed_ms": stats.summary_ms(completions_s[warm:]),
             "decision_ms": stats.summary_ms(decisions[warm:]),
             "http_statuses": {str(s): statuses.count(s) for s in set(statuses)},
             "http_runs": cloning.statuses(run_ids),

@@ -102,6 +102,9 @@ def _sources(table: dict[str, frozenset[str]], to: str) -> list[str]:
 # same statement.
 Update = Callable[..., int]
 UpdateReturning = Callable[..., list[tuple]]
+# Two UPDATEs, the second only of rows linked to those the first changed (end_run); returns how
+# many rows each changed.
+UpdatePair = Callable[..., tuple[int, int]]
 
 
 def update_statement(queryset: QuerySet, **values) -> tuple[str, tuple]:
@@ -122,6 +125,17 @@ def _update_returning(sql: str, params, *, returning: str, using: str) -> list[t
     with connections[using].cursor() as cursor:
         cursor.execute(f"{sql} RETURNING {returning}", params)
         return cursor.fetchall()
+
+
+def update_pair(
+    first: QuerySet, first_values: dict, then: QuerySet, then_values: dict, *, link: str
+) -> tuple[int, int]:
+    """first.update(**first_values), then, when it changed a row, then.update(**then_values).
+    link names then's column that points at first's rows: a writer that sends both as one
+    statement (audit.chain's update_pair_holding_head) confines then to the rows first changed;
+    here then's queryset already names them."""
+    moved = first.update(**first_values)
+    return moved, then.update(**then_values) if moved else 0
 
 
 def move_runs(runs: QuerySet[Run], *, to: str, write: Update = _update, **fields) -> int:
@@ -189,3 +203,29 @@ def create_run(**fields) -> Run:
 def supersede_pending(run: Run) -> int:
     """The run ended: its tickets still pending can no longer be decided."""
     return move_tickets(Ticket.objects.filter(run=run), to=TicketStatus.SUPERSEDED)
+
+
+def end_run(
+    run: Run, runs: QuerySet[Run], *, to: str, write: UpdatePair = update_pair, **fields
+) -> int:
+    """move_runs() of `runs` (the run, as its holder still holds it) to an end status, then, if it
+    moved, supersede_pending() of the run's tickets: the run's row first, then its tickets' (the
+    order a decision locks them in). Returns how many runs moved. write: how the two are sent
+    (see UpdatePair); audit.chain's update_pair_holding_head sends them as one statement that
+    also takes the chain head's lock, last.
+
+    Raises TransitionError as move_runs() does.
+    """
+    fields.setdefault("updated_at", timezone.now())
+    moving = runs.filter(status__in=_sources(RUN_TRANSITIONS, to))
+    pending = Ticket.objects.filter(
+        run=run, status__in=_sources(TICKET_TRANSITIONS, TicketStatus.SUPERSEDED)
+    )
+    moved, _ = write(
+        moving,
+        {"status": to, **fields},
+        pending,
+        {"status": TicketStatus.SUPERSEDED},
+        link="run_id",
+    )
+    return moved

@@ -21,6 +21,7 @@ from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
 from django.db.models import Count, QuerySet
+from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
 from approvals import signals, transitions
@@ -265,6 +266,65 @@ def update_queryset_holding_head(queryset: QuerySet, **values: Any) -> int:
     """queryset.update(**values) through update_holding_head(): how many rows changed."""
     update_sql, params = transitions.update_statement(queryset, **values)
     return len(update_holding_head(update_sql, params, returning="1", using=queryset.db))
+
+
+def update_pair_holding_head(
+    first: QuerySet, first_values: dict, then: QuerySet, then_values: dict, *, link: str
+) -> tuple[int, int]:
+    """transitions.update_pair(): first.update(**first_values), then then.update(**then_values)
+    confined to the rows whose `link` column names a row first changed; how many rows each
+    changed.
+
+    On PostgreSQL one statement, which also locks the tenant row of the rows first changed and
+    reads its audit head, as update_holding_head() does: the rows first changes are locked
+    first, then then's (it reads first's changed rows, so it cannot run ahead of them), then the
+    tenant's (its lock waits until every row of then is changed). The transaction's next
+    append() for that tenant is then one statement. Nothing is locked or changed by then when
+    first changed nothing. Elsewhere transitions.update_pair() itself.
+
+    Raises RuntimeError outside a transaction (the lock would end with the statement).
+    """
+    conn = connections[first.db]
+    if not conn.in_atomic_block:
+        raise RuntimeError("update_pair_holding_head must run inside a transaction")
+    if conn.vendor == "postgresql":
+        return _update_pair_holding_head_postgres(
+            conn, first, first_values, then, then_values, link
+        )
+    return transitions.update_pair(first, first_values, then, then_values, link=link)
+
+
+def _update_pair_holding_head_postgres(
+    conn, first: QuerySet, first_values: dict, then: QuerySet, then_values: dict, link: str
+) -> tuple[int, int]:
+    first_sql, first_params = transitions.update_statement(first, **first_values)
+    linked = then.filter(**{f"{link}__in": RawSQL("SELECT audit_changed FROM first_changed", ())})
+    then_sql, then_params = transitions.update_statement(linked, **then_values)
+    quote = conn.ops.quote_name
+    key = quote(first.model._meta.pk.column)
+    statement = (
+        f"WITH first_changed AS ({first_sql} RETURNING {key} AS audit_changed, "
+        "tenant_id AS audit_tenant), "
+        f"then_changed AS ({then_sql} RETURNING 1), "
+        f"head AS (SELECT id, audit_seq, audit_head FROM {quote(Tenant._meta.db_table)} "
+        "WHERE id IN (SELECT audit_tenant FROM first_changed) "
+        # A condition on no column of the tenant, so checked once before its rows are read:
+        # then's rows are all changed (and locked) before the tenant's is locked.
+        "AND (SELECT count(*) FROM then_changed) >= 0 "
+        "ORDER BY id FOR UPDATE) "
+        "SELECT (SELECT count(*) FROM first_changed), (SELECT count(*) FROM then_changed), "
+        "head.id, head.audit_seq, head.audit_head "
+        "FROM (SELECT 1) AS one LEFT JOIN head ON true"
+    )
+    with conn.cursor() as cursor:
+        cursor.execute(statement, (*first_params, *then_params))
+        rows = cursor.fetchall()
+    heads = {row[2:] for row in rows}
+    if len(heads) == 1:
+        ((tenant_id, seq, head),) = heads
+        if tenant_id is not None:
+            _holding(tenant_id, seq, head)
+    return rows[0][0], rows[0][1]
 
 
 def append_for_ticket(

@@ -222,9 +222,13 @@ def finish(run: Run, *, status: str, reason: str = "", final_output: str = "", a
     """Store a terminal outcome if this attempt still owns the run."""
     now = timezone.now()
     with transaction.atomic():
-        stored = transitions.move_runs(
+        # The run, its tickets still pending, then the tenant's audit head (the order a decision
+        # locks them in): one statement on PostgreSQL.
+        stored = transitions.end_run(
+            run,
             owned(run),
             to=status,
+            write=chain.update_pair_holding_head,
             status_reason=reason,
             final_output=final_output,
             lease_owner="",
@@ -234,7 +238,6 @@ def finish(run: Run, *, status: str, reason: str = "", final_output: str = "", a
         )
         if not stored:
             return False
-        transitions.supersede_pending(run)
         chain.append(
             tenant_id=run.tenant_id,
             action=action,

@@ -6,8 +6,10 @@ import ast
 from pathlib import Path
 
 import pytest
+from django.db import transaction
 
 from approvals import transitions
+from approvals.audit import chain
 from approvals.models import Run, RunStatus, Ticket, TicketStatus
 from tests.support import TenantFactory, member, paused_run
 
@@ -109,6 +111,57 @@ def _status_writes(tree: ast.AST) -> list[int]:
         if node.func.attr == "save" and fields is not None and "status" in ast.unparse(fields):
             lines.append(node.lineno)
     return lines
+
+
+def _resuming(run) -> Run:
+    Run.objects.filter(pk=run.pk).update(status=RunStatus.RESUMING)
+    return Run.objects.get(pk=run.pk)
+
+
+@pytest.mark.parametrize("write", ["plain", "holding the head"])
+def test_end_run_moves_the_run_then_supersedes_its_pending_tickets(run, write):
+    run = _resuming(run)
+    ticket = Ticket.objects.get(run=run)
+    other = paused_run(run.tenant)
+    writer = {"plain": transitions.update_pair, "holding the head": chain.update_pair_holding_head}
+
+    with transaction.atomic():
+        moved = transitions.end_run(
+            run,
+            Run.objects.filter(pk=run.pk),
+            to=RunStatus.FAILED,
+            write=writer[write],
+            status_reason="broke",
+        )
+
+    assert moved == 1
+    run.refresh_from_db()
+    assert (run.status, run.status_reason) == (RunStatus.FAILED, "broke")
+    assert Ticket.objects.get(pk=ticket.pk).status == TicketStatus.SUPERSEDED
+    assert Ticket.objects.get(run=other).status == TicketStatus.PENDING
+
+
+def test_end_run_of_a_run_that_may_not_end_so_touches_no_ticket(run):
+    # A paused run is not completed: only a resuming one is.
+    moved = transitions.end_run(run, Run.objects.filter(pk=run.pk), to=RunStatus.COMPLETED)
+
+    assert moved == 0
+    assert Run.objects.get(pk=run.pk).status == RunStatus.PAUSED
+    assert Ticket.objects.get(run=run).status == TicketStatus.PENDING
+
+
+def test_end_run_leaves_decided_tickets_alone(run):
+    run = _resuming(run)
+    ticket = Ticket.objects.get(run=run)
+    Ticket.objects.filter(pk=ticket.pk).update(status=TicketStatus.APPROVED)
+
+    assert transitions.end_run(run, Run.objects.filter(pk=run.pk), to=RunStatus.COMPLETED) == 1
+    assert Ticket.objects.get(pk=ticket.pk).status == TicketStatus.APPROVED
+
+
+def test_end_run_refuses_an_unknown_status(run):
+    with pytest.raises(transitions.TransitionError, match="'done' is not a status"):
+        transitions.end_run(run, Run.objects.filter(pk=run.pk), to="done")
 
 
 def test_every_status_write_goes_through_transitions():

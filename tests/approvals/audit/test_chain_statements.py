@@ -3,14 +3,16 @@ this transaction already holds, and linked right whatever the guess."""
 
 from __future__ import annotations
 
+import threading
+
 import psycopg
 import pytest
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 from approvals.audit import chain as audit
-from approvals.models import AuditEvent, Run, Tenant
-from tests.support import TenantFactory, paused_run
+from approvals.models import AuditEvent, Run, Tenant, Ticket, TicketStatus
+from tests.support import TenantFactory, paused_run, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -279,3 +281,159 @@ def test_a_head_held_by_an_update_is_let_go_when_its_transaction_commits():
     _hold_and_append(run, "held")
 
     assert connection._audit_heads[tenant.pk][2] is False
+
+
+# --- two updates, the second of rows linked to the first's, holding the head --------------------
+
+
+def _end(run, title: str) -> tuple[int, int]:
+    """The run's title and its pending tickets' status changed as a pair, in a transaction."""
+    with transaction.atomic():
+        return audit.update_pair_holding_head(
+            Run.objects.filter(pk=run.pk, title=run.title),
+            {"title": title},
+            Ticket.objects.filter(run=run, status=TicketStatus.PENDING),
+            {"status": TicketStatus.SUPERSEDED},
+            link="run_id",
+        )
+
+
+def test_a_pair_changes_both_and_counts_each():
+    tenant = TenantFactory(slug="acme")
+    run, other = paused_run(tenant), paused_run(tenant)
+
+    assert _end(run, "ended") == (1, 1)
+
+    run.refresh_from_db()
+    assert run.title == "ended"
+    assert list(Ticket.objects.filter(run=run).values_list("status", flat=True)) == [
+        TicketStatus.SUPERSEDED
+    ]
+    # Another run's ticket is no row of either update.
+    assert Ticket.objects.get(run=other).status == TicketStatus.PENDING
+
+
+def test_a_pair_whose_first_update_changes_nothing_changes_nothing():
+    tenant = TenantFactory(slug="acme")
+    run = paused_run(tenant)
+    run.title = "not this title"
+
+    assert _end(run, "ended") == (0, 0)
+
+    assert Ticket.objects.get(run=run).status == TicketStatus.PENDING
+    assert Run.objects.get(pk=run.pk).title != "ended"
+
+
+def test_a_pair_outside_a_transaction_is_refused():
+    tenant = TenantFactory(slug="acme")
+    run = paused_run(tenant)
+
+    with pytest.raises(RuntimeError) as raised:
+        audit.update_pair_holding_head(
+            Run.objects.filter(pk=run.pk),
+            {"title": "no"},
+            Ticket.objects.filter(run=run),
+            {"status": TicketStatus.SUPERSEDED},
+            link="run_id",
+        )
+
+    assert str(raised.value) == "update_pair_holding_head must run inside a transaction"
+    assert Ticket.objects.get(run=run).status == TicketStatus.PENDING
+
+
+@POSTGRES_ONLY
+def test_a_pair_holding_the_head_is_one_statement_and_its_event_one_more():
+    tenant = TenantFactory(slug="acme")
+    run = paused_run(tenant)
+
+    with CaptureQueriesContext(connection) as queries, transaction.atomic():
+        changed = audit.update_pair_holding_head(
+            Run.objects.filter(pk=run.pk),
+            {"title": "ended"},
+            Ticket.objects.filter(run=run, status=TicketStatus.PENDING),
+            {"status": TicketStatus.SUPERSEDED},
+            link="run_id",
+        )
+        assert _locked_elsewhere(tenant)
+        _append(tenant, "ended")
+
+    assert changed == (1, 1)
+    statements = _statements(queries.captured_queries)
+    assert len(statements) == 2, statements
+    assert statements[0].startswith("WITH first_changed AS (UPDATE")
+    assert not _locked_elsewhere(tenant)
+    assert audit.verify_chain(tenant).ok
+
+
+@POSTGRES_ONLY
+def test_a_pair_that_changes_nothing_locks_no_tenant():
+    tenant = TenantFactory(slug="acme")
+    run = paused_run(tenant)
+
+    with transaction.atomic():
+        changed = audit.update_pair_holding_head(
+            Run.objects.filter(pk=run.pk, title="not this title"),
+            {"title": "ended"},
+            Ticket.objects.filter(run=run),
+            {"status": TicketStatus.SUPERSEDED},
+            link="run_id",
+        )
+        assert changed == (0, 0)
+        assert not _locked_elsewhere(tenant)
+
+
+def _row_locked(table: str, pk: int) -> bool:
+    other = psycopg.connect(**connection.get_connection_params())
+    try:
+        other.execute(f"SELECT 1 FROM {table} WHERE id = %s FOR UPDATE NOWAIT", [pk])
+        return False
+    except psycopg.errors.LockNotAvailable:
+        return True
+    finally:
+        other.close()
+
+
+@POSTGRES_ONLY
+def test_a_pair_locks_the_first_rows_then_the_linked_ones_then_the_tenant():
+    """While the pair waits for a ticket another transaction holds, it holds the run's row and
+    not yet the tenant's: the order run, tickets, tenant, as a decision takes them."""
+    tenant = TenantFactory(slug="acme")
+    run = paused_run(tenant)
+    ticket = Ticket.objects.get(run=run)
+    holder = psycopg.connect(**connection.get_connection_params())
+    holder.execute("SELECT 1 FROM approvals_ticket WHERE id = %s FOR UPDATE", [ticket.pk])
+    done: list = []
+
+    def pair() -> None:
+        try:
+            done.append(_end(run, "ended"))
+        finally:
+            connection.close()
+
+    worker = threading.Thread(target=pair)
+    worker.start()
+    try:
+        wait_until(
+            lambda: _waiting_on_a_lock("first_changed"),
+            timeout=10,
+            what="the pair to wait for the held ticket",
+        )
+        assert _row_locked("approvals_run", run.pk)
+        assert not _row_locked("approvals_tenant", tenant.pk)
+    finally:
+        holder.rollback()
+        holder.close()
+        worker.join(timeout=10)
+
+    assert done == [(1, 1)]
+    assert Ticket.objects.get(pk=ticket.pk).status == TicketStatus.SUPERSEDED
+
+
+def _waiting_on_a_lock(marker: str) -> bool:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+            "AND query LIKE %s",
+            [f"%{marker}%"],
+        )
+        return cursor.fetchone()[0] > 0

@@ -65,24 +65,50 @@ def email_for(facts: Facts) -> tuple[str, str]:
 # --- who gets it ----------------------------------------------------------------------------
 
 
-def recipients_for(facts: Facts, tenant_id: int) -> list[str]:
+class Addressees:
+    """What recipients_for reads about people, read once for a pass of the fan-out: the events
+    of a pass name the same few people again and again (every run of a requester, every ticket
+    of a tenant's deciders). Each answer as it was when first asked for in the pass, as the
+    pass's endpoints are (fan_out.active_endpoints)."""
+
+    def __init__(self) -> None:
+        self._emails: dict[frozenset, list[str]] = {}
+        self._deciders: dict[int, frozenset[int]] = {}
+
+    def emails(self, user_ids) -> list[str]:
+        """The addresses of those of the users who are active and have one, sorted."""
+        key = frozenset(user_ids)
+        if key not in self._emails:
+            self._emails[key] = _emails(key)
+        return self._emails[key]
+
+    def deciding_member_ids(self, tenant_id: int) -> set[int]:
+        if tenant_id not in self._deciders:
+            self._deciders[tenant_id] = frozenset(_deciding_member_ids(tenant_id))
+        return set(self._deciders[tenant_id])
+
+
+def recipients_for(
+    facts: Facts, tenant_id: int, *, addressees: Addressees | None = None
+) -> list[str]:
     """Who gets an email: the one rule, to extend here.
 
     New ticket: the tenant's deciding members (not the requester, who may not approve).
     Escalation: the deciding members of the group it went to (all deciding members when the
     group is gone). Anything else: the person who started the run. Never the person who caused
-    the event.
+    the event. addressees: a pass's Addressees, so that its events read each person once.
     """
+    people = addressees or Addressees()
     if facts.event == Event.TICKET_ESCALATED and facts.group:
-        ids = _deciding_member_ids(tenant_id) - {facts.requester_id}
+        ids = people.deciding_member_ids(tenant_id) - {facts.requester_id}
         group = ApproverGroup.objects.filter(tenant_id=tenant_id, name=facts.group).first()
         if group is not None:
             ids &= set(group.members.values_list("pk", flat=True))
     elif facts.event in (Event.TICKET_CREATED, Event.TICKET_ESCALATED):
-        ids = _deciding_member_ids(tenant_id) - {facts.requester_id}
+        ids = people.deciding_member_ids(tenant_id) - {facts.requester_id}
     else:
         ids = {facts.requester_id}
-    return _emails(ids - {None, facts.actor_id})
+    return people.emails(ids - {None, facts.actor_id})
 
 
 def _emails(user_ids) -> list[str]:

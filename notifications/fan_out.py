@@ -25,7 +25,7 @@ from approvals.core.links import public_url
 from approvals.live import hints
 from approvals.models import AuditEvent, Tenant
 from notifications.deliveries import deliver_webhook_task
-from notifications.emails import create_emails, email_for, recipients_for
+from notifications.emails import Addressees, create_emails, email_for, recipients_for
 from notifications.events import event_for, facts_for, in_full
 from notifications.models import Delivery, DeliveryStatus, Event, FanOutCursor, WebhookEndpoint
 
@@ -114,12 +114,14 @@ def _fan_out_tenant(tenant_id: int, seq: int | None, failures: int | None, limit
     events = list(
         AuditEvent.objects.filter(tenant_id=tenant_id, seq__gt=seq).order_by("seq")[:limit]
     )
-    # The tenant's endpoints as they are at the start of the pass, read once for its events.
+    # The tenant's endpoints as they are at the start of the pass, read once for its events,
+    # and the people its emails go to, each read once.
     endpoints = active_endpoints(tenant_id) if events else []
+    addressees = Addressees()
     reached = seq
     for audit_event in events:
         try:
-            fan_out(audit_event=audit_event, endpoints=endpoints)
+            fan_out(audit_event=audit_event, endpoints=endpoints, addressees=addressees)
         except Exception:
             failures += 1
             if failures < MAX_FAILURES:
@@ -154,12 +156,16 @@ def active_endpoints(tenant_id: int) -> list[WebhookEndpoint]:
 
 
 def fan_out(
-    *, audit_event: AuditEvent, endpoints: list[WebhookEndpoint] | None = None
+    *,
+    audit_event: AuditEvent,
+    endpoints: list[WebhookEndpoint] | None = None,
+    addressees: Addressees | None = None,
 ) -> list[Delivery]:
     """Turn a committed audit event into deliveries and emails.
 
     endpoints: the tenant's active endpoints, as a pass read them once for all its events
-    (active_endpoints); read here when not given.
+    (active_endpoints); read here when not given. addressees: the pass's (emails.Addressees),
+    so that its events read each person once.
     Side effects: one Delivery row per active endpoint of the tenant that wants the event
     (idempotent per endpoint and event) with its delivery task enqueued; one EmailDelivery row
     per recipient (idempotent per recipient and event), its message rendered now, with its
@@ -176,7 +182,7 @@ def fan_out(
     # Filtered here, not in SQL: JSON containment differs between SQLite and PostgreSQL.
     endpoints = [e for e in endpoints if e.wants(event)]
     facts = facts_for(audit_event, event, outline=True)
-    recipients = recipients_for(facts, audit_event.tenant_id)
+    recipients = recipients_for(facts, audit_event.tenant_id, addressees=addressees)
     if not endpoints and not recipients:
         return []
     facts = in_full(facts)

@@ -164,9 +164,14 @@ def _hold_and_append(run, outcome: str) -> tuple[int, list[str]]:
 
 def _locked_elsewhere(tenant) -> bool:
     """Whether another connection finds the tenant's row locked."""
+    return _row_locked("approvals_tenant", tenant.pk)
+
+
+def _row_locked(table: str, pk: int) -> bool:
+    """Whether another connection finds the row locked."""
     other = psycopg.connect(**connection.get_connection_params())
     try:
-        other.execute("SELECT 1 FROM approvals_tenant WHERE id = %s FOR UPDATE NOWAIT", [tenant.pk])
+        other.execute(f"SELECT 1 FROM {table} WHERE id = %s FOR UPDATE NOWAIT", [pk])
         return False
     except psycopg.errors.LockNotAvailable:
         return True
@@ -286,16 +291,21 @@ def test_a_head_held_by_an_update_is_let_go_when_its_transaction_commits():
 # --- two updates, the second of rows linked to the first's, holding the head --------------------
 
 
+def _pair(run, *, title: str = "ended", was: str | None = None) -> tuple[int, int]:
+    """The run's title (when it is still `was`) and then its pending tickets' status changed as
+    a pair, in the caller's transaction."""
+    return audit.update_pair_holding_head(
+        Run.objects.filter(pk=run.pk, title=run.title if was is None else was),
+        {"title": title},
+        Ticket.objects.filter(run=run, status=TicketStatus.PENDING),
+        {"status": TicketStatus.SUPERSEDED},
+        link="run_id",
+    )
+
+
 def _end(run, title: str) -> tuple[int, int]:
-    """The run's title and its pending tickets' status changed as a pair, in a transaction."""
     with transaction.atomic():
-        return audit.update_pair_holding_head(
-            Run.objects.filter(pk=run.pk, title=run.title),
-            {"title": title},
-            Ticket.objects.filter(run=run, status=TicketStatus.PENDING),
-            {"status": TicketStatus.SUPERSEDED},
-            link="run_id",
-        )
+        return _pair(run, title=title)
 
 
 def test_a_pair_changes_both_and_counts_each():
@@ -347,13 +357,7 @@ def test_a_pair_holding_the_head_is_one_statement_and_its_event_one_more():
     run = paused_run(tenant)
 
     with CaptureQueriesContext(connection) as queries, transaction.atomic():
-        changed = audit.update_pair_holding_head(
-            Run.objects.filter(pk=run.pk),
-            {"title": "ended"},
-            Ticket.objects.filter(run=run, status=TicketStatus.PENDING),
-            {"status": TicketStatus.SUPERSEDED},
-            link="run_id",
-        )
+        changed = _pair(run)
         assert _locked_elsewhere(tenant)
         _append(tenant, "ended")
 
@@ -371,26 +375,9 @@ def test_a_pair_that_changes_nothing_locks_no_tenant():
     run = paused_run(tenant)
 
     with transaction.atomic():
-        changed = audit.update_pair_holding_head(
-            Run.objects.filter(pk=run.pk, title="not this title"),
-            {"title": "ended"},
-            Ticket.objects.filter(run=run),
-            {"status": TicketStatus.SUPERSEDED},
-            link="run_id",
-        )
+        changed = _pair(run, was="not this title")
         assert changed == (0, 0)
         assert not _locked_elsewhere(tenant)
-
-
-def _row_locked(table: str, pk: int) -> bool:
-    other = psycopg.connect(**connection.get_connection_params())
-    try:
-        other.execute(f"SELECT 1 FROM {table} WHERE id = %s FOR UPDATE NOWAIT", [pk])
-        return False
-    except psycopg.errors.LockNotAvailable:
-        return True
-    finally:
-        other.close()
 
 
 @POSTGRES_ONLY

@@ -95,6 +95,16 @@ def _sources(table: dict[str, frozenset[str]], to: str) -> list[str]:
     return sources
 
 
+def _movable_runs(runs: QuerySet[Run], to: str) -> QuerySet[Run]:
+    """The runs of the queryset whose status may move to `to`."""
+    return runs.filter(status__in=_sources(RUN_TRANSITIONS, to))
+
+
+def _movable_tickets(tickets: QuerySet[Ticket], to: str) -> QuerySet[Ticket]:
+    """The tickets of the queryset whose status may move to `to` (pending ones)."""
+    return tickets.filter(status__in=_sources(TICKET_TRANSITIONS, to))
+
+
 # How a move is written: the UPDATE of the rows that may move, with the values (for move_runs
 # and move_tickets), or its SQL with RETURNING (move_run_returning). The default is the plain
 # statement; a caller whose move an audit event follows passes the chain's (audit.chain's
@@ -146,7 +156,7 @@ def move_runs(runs: QuerySet[Run], *, to: str, write: Update = _update, **fields
     Raises TransitionError when no status may move to `to`.
     """
     fields.setdefault("updated_at", timezone.now())
-    return write(runs.filter(status__in=_sources(RUN_TRANSITIONS, to)), status=to, **fields)
+    return write(_movable_runs(runs, to), status=to, **fields)
 
 
 def move_run_returning(
@@ -159,7 +169,7 @@ def move_run_returning(
     Raises TransitionError as move_runs() does.
     """
     fields.setdefault("updated_at", timezone.now())
-    moving = runs.filter(status__in=_sources(RUN_TRANSITIONS, to))
+    moving = _movable_runs(runs, to)
     update_sql, params = update_statement(moving, status=to, **fields)
     columns = list(Run._meta.concrete_fields)
     quote = connections[moving.db].ops.quote_name
@@ -191,7 +201,7 @@ def move_tickets(tickets: QuerySet[Ticket], *, to: str, write: Update = _update,
     write: as for move_runs().
     Raises TransitionError when no status may move to `to`.
     """
-    return write(tickets.filter(status__in=_sources(TICKET_TRANSITIONS, to)), status=to, **fields)
+    return write(_movable_tickets(tickets, to), status=to, **fields)
 
 
 def create_run(**fields) -> Run:
@@ -217,12 +227,9 @@ def end_run(
     Raises TransitionError as move_runs() does.
     """
     fields.setdefault("updated_at", timezone.now())
-    moving = runs.filter(status__in=_sources(RUN_TRANSITIONS, to))
-    pending = Ticket.objects.filter(
-        run=run, status__in=_sources(TICKET_TRANSITIONS, TicketStatus.SUPERSEDED)
-    )
+    pending = _movable_tickets(Ticket.objects.filter(run=run), TicketStatus.SUPERSEDED)
     moved, _ = write(
-        moving,
+        _movable_runs(runs, to),
         {"status": to, **fields},
         pending,
         {"status": TicketStatus.SUPERSEDED},

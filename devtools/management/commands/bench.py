@@ -281,8 +281,8 @@ class Command(BaseCommand):
             client.login(approver.username, PASSWORD)
             clients.append(client)
         time.sleep(2)  # the workers are up and listening
-        completions = Completions(tenant.pk)
-        decisions, completions_s, statuses = [], [], []
+        heard = Completions(tenant.pk)
+        decisions, completions, statuses = [], [], []
         sessions_before = database.sessions_opened()
         try:
             for n, clone in enumerate(clones):
@@ -292,7 +292,7 @@ class Command(BaseCommand):
                 t1 = time.perf_counter()
                 statuses.append(status)
                 try:
-                    completions.finished(clone.run_id, timeout=30)
+                    heard.finished(clone.run_id, timeout=30)
                 except TimeoutError:
                     raise RuntimeError(
                         f"run {clone.run_id} not finished after 30s\n"
@@ -304,14 +304,14 @@ class Command(BaseCommand):
                 ).exists():
                     raise RuntimeError(f"run {clone.run_id} finished without completing its effect")
                 decisions.append(t1 - t0)
-                completions_s.append(t2 - t0)
+                completions.append(t2 - t0)
         finally:
-            completions.close()
+            heard.close()
         sessions_after = database.sessions_opened()
         warm = 20
         run_ids = [c.run_id for c in clones]
         result = {
-            "approve_to_completed_ms": stats.summary_ms(completions_s[warm:]),
+            "approve_to_completed_ms": stats.summary_ms(completions[warm:]),
             "decision_ms": stats.summary_ms(decisions[warm:]),
             "http_statuses": {str(s): statuses.count(s) for s in set(statuses)},
             "http_runs": cloning.statuses(run_ids),

@@ -69,7 +69,8 @@ mutants-sqlite: $(MUTATION_STAMP)
 # (the rest of those modules is checked on SQLite); with MUTANTS set, only those of the modules
 # it names (if any).
 CHAIN_ON_POSTGRES := $(foreach f,append _guesses _released _holding _insert_sql _try_linked \
-	_append_linked update_holding_head _update_holding_head_postgres update_pair_holding_head \
+	_append_linked _held_back _write_held_back atomic update_holding_head \
+	_update_holding_head_postgres update_pair_holding_head \
 	_update_pair_holding_head_postgres,'approvals.audit.chain.x_$(f)__mutmut_*')
 LEASE_ON_POSTGRES := $(foreach f,claim finish release,'approvals.runs.lease.x_$(f)__mutmut_*')
 LEDGER_ON_POSTGRES := 'approvals.execution.ledger.x_perform__mutmut_*'

@@ -14,7 +14,8 @@ break.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC
 from typing import Any
@@ -85,7 +86,8 @@ def append(
     """Append one event to the tenant's chain. Must run inside the caller's transaction.
 
     Side effects: locks the tenant row until the transaction ends, inserts the event and
-    moves the tenant's chain head; on commit, sends signals.audit_event_committed.
+    moves the tenant's chain head; on commit, sends signals.audit_event_committed. Inside
+    atomic() the event is written when the block ends (its pk and link are set then).
     Raises actions.UnknownActionError for an action missing from the table, RuntimeError
     outside a transaction.
     """
@@ -107,10 +109,11 @@ def append(
         detail=redact(detail or {}),
         hash_key_id=signatures.audit_key_id(),
     )
-    if connection.vendor == "postgresql":
-        _append_linked(event)
-    else:
-        _append_locked(event)
+    if not _held_back(event):
+        if connection.vendor == "postgresql":
+            _append_linked([event])
+        else:
+            _append_locked(event)
     signals.send_on_commit(signals.audit_event_committed, sender=AuditEvent, event=event)
     return event
 
@@ -167,53 +170,129 @@ def _holding(tenant_id: int, seq: int, head: str) -> None:
         transaction.on_commit(lambda: _released(tenant_id))
 
 
-_INSERT_SQL: str | None = None
+_INSERT_SQL: dict[int, str] = {}
 _INSERT_FIELDS: list = []
 
 
-def _insert_sql() -> str:
-    global _INSERT_SQL
-    if _INSERT_SQL is None:
+def _insert_sql(rows: int) -> str:
+    """The statement that moves the head and inserts `rows` events linked to it, or nothing."""
+    if rows not in _INSERT_SQL:
         quote = connection.ops.quote_name
         fields = [f for f in AuditEvent._meta.concrete_fields if not f.primary_key]
-        values = ", ".join(f"%s::{f.db_type(connection)}" for f in fields)
+        row = "(" + ", ".join(f"%s::{f.db_type(connection)}" for f in fields) + ")"
         _INSERT_FIELDS[:] = fields
-        _INSERT_SQL = (
+        _INSERT_SQL[rows] = (
             f"WITH moved AS (UPDATE {quote(Tenant._meta.db_table)} "
             "SET audit_seq = %s, audit_head = %s "
             "WHERE id = %s AND audit_seq = %s AND audit_head = %s RETURNING id) "
             f"INSERT INTO {quote(AuditEvent._meta.db_table)} "
             f"({', '.join(quote(f.column) for f in fields)}) "
-            f"SELECT {values} FROM moved RETURNING id"
+            f"SELECT events.* FROM moved, (VALUES {', '.join([row] * rows)}) AS events "
+            "RETURNING id, seq"
         )
-    return _INSERT_SQL
+    return _INSERT_SQL[rows]
 
 
-def _try_linked(event: AuditEvent, seq: int, head: str) -> bool:
-    _link(event, seq, head)
-    sql = _insert_sql()
-    values = [f.get_db_prep_save(getattr(event, f.attname), connection) for f in _INSERT_FIELDS]
+def _try_linked(events: list[AuditEvent], seq: int, head: str) -> bool:
+    """Link the events (of one tenant, in order) after (seq, head) and write them with the head
+    in one statement; False, having written nothing, when the head was not (seq, head)."""
+    linked_seq, linked_head = seq, head
+    for event in events:
+        _link(event, linked_seq, linked_head)
+        linked_seq, linked_head = event.seq, event.hash
+    sql = _insert_sql(len(events))
+    values = [
+        f.get_db_prep_save(getattr(event, f.attname), connection)
+        for event in events
+        for f in _INSERT_FIELDS
+    ]
+    last = events[-1]
     with connection.cursor() as cursor:
-        cursor.execute(sql, [event.seq, event.hash, event.tenant_id, seq, head, *values])
-        row = cursor.fetchone()
-    if row is None:
+        cursor.execute(sql, [last.seq, last.hash, last.tenant_id, seq, head, *values])
+        rows = cursor.fetchall()
+    if not rows:
         return False
-    event.pk = row[0]
-    event._state.adding = False
-    event._state.db = connection.alias
-    _holding(event.tenant_id, event.seq, event.hash)
+    ids = {seq: pk for pk, seq in rows}
+    for event in events:
+        event.pk = ids[event.seq]
+        event._state.adding = False
+        event._state.db = connection.alias
+    _holding(last.tenant_id, last.seq, last.hash)
     return True
 
 
-def _append_linked(event: AuditEvent) -> None:
-    guess = _guesses().get(event.tenant_id)
-    if guess is not None and guess[2] and _try_linked(event, guess[0], guess[1]):
+def _append_linked(events: list[AuditEvent]) -> None:
+    tenant_id = events[0].tenant_id
+    guess = _guesses().get(tenant_id)
+    if guess is not None and guess[2] and _try_linked(events, guess[0], guess[1]):
         return
-    tenant = (
-        Tenant.objects.select_for_update().only("audit_seq", "audit_head").get(pk=event.tenant_id)
-    )
-    if not _try_linked(event, tenant.audit_seq, tenant.audit_head):
-        raise RuntimeError(f"tenant {event.tenant_id}'s audit head moved under its row lock")
+    tenant = Tenant.objects.select_for_update().only("audit_seq", "audit_head").get(pk=tenant_id)
+    if not _try_linked(events, tenant.audit_seq, tenant.audit_head):
+        raise RuntimeError(f"tenant {tenant_id}'s audit head moved under its row lock")
+
+
+# --- several events, one statement ------------------------------------------------------------
+#
+# A transaction that appends several events (a decision's and its run's; a pause's and its
+# tickets') can write them together once it has done the rest: atomic() holds back the events
+# appended at its own level and writes each tenant's in one statement when the block ends. An
+# exception leaving the block rolls back the transaction (or savepoint) it opened, so events
+# dropped with it were never anywhere else. An append inside a savepoint that transaction.atomic()
+# opened within the block is written at once, and only while nothing is held back (a savepoint
+# rolled back must take its own events, and only those, with it; the chain keeps the order of
+# the appends). On SQLite every event is written when appended.
+
+
+class _Batch:
+    def __init__(self, depth: int) -> None:
+        self.depth = depth
+        self.events: list[AuditEvent] = []
+
+
+def _held_back(event: AuditEvent) -> bool:
+    """Hold the event back for the open batch, if it may be: True when it was."""
+    batch = getattr(connection, "_audit_batch", None)
+    if batch is None:
+        return False
+    if len(connection.savepoint_ids) == batch.depth:
+        batch.events.append(event)
+        return True
+    if batch.events:
+        # Written now, it would go into the savepoint with those held back, or ahead of them.
+        raise RuntimeError(
+            "an audit event appended in a savepoint inside audit.chain.atomic() while others "
+            "are held back; append it outside the savepoint"
+        )
+    return False
+
+
+def _write_held_back(batch: _Batch) -> None:
+    events, batch.events = batch.events, []
+    for tenant_id in dict.fromkeys(e.tenant_id for e in events):
+        _append_linked([e for e in events if e.tenant_id == tenant_id])
+
+
+@contextmanager
+def atomic() -> Iterator[None]:
+    """transaction.atomic() whose audit events are written when the block ends, one statement
+    per tenant (on PostgreSQL; elsewhere as appended). Events appended in the block have no pk
+    and are not in the database until then. Inside another such block, that block's events
+    are written first, and this one's savepoint holds back its own.
+    """
+    if connection.vendor != "postgresql":
+        with transaction.atomic():
+            yield
+        return
+    outer = getattr(connection, "_audit_batch", None)
+    if outer is not None:
+        _write_held_back(outer)
+    with transaction.atomic():
+        batch = connection._audit_batch = _Batch(len(connection.savepoint_ids))
+        try:
+            yield
+            _write_held_back(batch)
+        finally:
+            connection._audit_batch = outer
 
 
 def update_holding_head(

@@ -5,7 +5,6 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from django.db import transaction
 from django.utils import timezone
 
 from approvals import members, transitions
@@ -151,7 +150,8 @@ def decide(
                 "its own ticket page, where they are shown"
             )
     # The hints of the decision (the ticket's, the run's) leave together once it commits.
-    with hints.batched(), transaction.atomic():
+    # Its audit events are written together as the transaction ends (chain.atomic).
+    with hints.batched(), chain.atomic():
         # The run's lock orders decisions on one run, so exactly one of them sees "all decided".
         # Only what is read here: the row also holds the state blob, which need not travel.
         run = (

@@ -306,7 +306,7 @@ def settled(run: Run, scope: ledger.ResumeScope, result: Any, *, store_pause) ->
         return WorkOutcome(run.pk, RunStatus.NEEDS_ATTENTION, scope.in_doubt, scope.effects)
     if result.interruptions:
         try:
-            with transaction.atomic():
+            with chain.atomic():
                 locked = owned(run).select_for_update().first()
                 stored = locked is not None
                 if stored:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db import transaction
 from django.utils import timezone
 
 from approvals import signals, transitions
@@ -104,7 +103,7 @@ def store_pause(
     commit). One transaction; the state must already be checked.
     """
     now = timezone.now()
-    with transaction.atomic():
+    with chain.atomic():
         # Created starting, then moved to paused by the one function that stores a run's first
         # pause, as a run the worker started is (nobody sees the row before the commit).
         run = transitions.create_run(

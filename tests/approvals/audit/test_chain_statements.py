@@ -105,13 +105,23 @@ def _append_in_transaction(tenant, outcome: str):
         return _append(tenant, outcome)
 
 
+ROW = (
+    "(%s::bigint, %s::bigint, %s::timestamp with time zone, %s::integer, "
+    "%s::varchar(150), %s::varchar(64), %s::bigint, %s::bigint, %s::varchar(200), "
+    "%s::varchar(64), %s::varchar(64), %s::jsonb, %s::varchar(64), %s::varchar(64), "
+    "%s::varchar(32))"
+)
+
+
 @POSTGRES_ONLY
-def test_the_append_statement_known_answer(monkeypatch):
-    # Built once a process and kept: build it afresh here, as a new worker does.
-    monkeypatch.setattr(audit, "_INSERT_SQL", None)
+@pytest.mark.parametrize("rows", [1, 3])
+def test_the_append_statement_known_answer(monkeypatch, rows):
+    # Built once a process for each number of rows and kept: build it afresh here, as a new
+    # worker does.
+    monkeypatch.setattr(audit, "_INSERT_SQL", {})
     monkeypatch.setattr(audit, "_INSERT_FIELDS", [])
 
-    sql = audit._insert_sql()
+    sql = audit._insert_sql(rows)
 
     assert sql == (
         'WITH moved AS (UPDATE "approvals_tenant" SET audit_seq = %s, audit_head = %s '
@@ -119,15 +129,14 @@ def test_the_append_statement_known_answer(monkeypatch):
         'INSERT INTO "approvals_auditevent" ("tenant_id", "seq", "created_at", "actor_id", '
         '"actor_name", "action", "run_id", "ticket_id", "tool_name", "arguments_digest", '
         '"outcome", "detail", "prev_hash", "hash", "hash_key_id") '
-        "SELECT %s::bigint, %s::bigint, %s::timestamp with time zone, %s::integer, "
-        "%s::varchar(150), %s::varchar(64), %s::bigint, %s::bigint, %s::varchar(200), "
-        "%s::varchar(64), %s::varchar(64), %s::jsonb, %s::varchar(64), %s::varchar(64), "
-        "%s::varchar(32) FROM moved RETURNING id"
+        f"SELECT events.* FROM moved, (VALUES {', '.join([ROW] * rows)}) AS events "
+        "RETURNING id, seq"
     )
     assert [f.attname for f in audit._INSERT_FIELDS] == [
         f.attname for f in AuditEvent._meta.concrete_fields if not f.primary_key
     ]
-    assert audit._insert_sql() is sql
+    assert audit._insert_sql(rows) is sql
+    assert audit._insert_sql(rows + 1) != sql
 
 
 def test_an_appended_event_is_a_stored_row_of_this_database():
@@ -143,7 +152,7 @@ def test_an_appended_event_is_a_stored_row_of_this_database():
 def test_a_head_that_moved_under_the_row_lock_is_an_error_naming_the_tenant(monkeypatch):
     tenant = TenantFactory(slug="acme")
     # As if another writer moved the head without the tenant's row lock.
-    monkeypatch.setattr(audit, "_try_linked", lambda event, seq, head: False)
+    monkeypatch.setattr(audit, "_try_linked", lambda events, seq, head: False)
 
     with pytest.raises(RuntimeError) as raised, transaction.atomic():
         _append(tenant, "lost")
@@ -424,3 +433,144 @@ def _waiting_on_a_lock(marker: str) -> bool:
             [f"%{marker}%"],
         )
         return cursor.fetchone()[0] > 0
+
+
+# --- several events of a transaction written together (audit.chain.atomic) --------------------
+
+
+def _outcomes(tenant) -> list[str]:
+    return list(
+        AuditEvent.objects.filter(tenant=tenant).order_by("seq").values_list("outcome", flat=True)
+    )
+
+
+@POSTGRES_ONLY
+def test_events_held_back_by_atomic_are_one_statement_after_an_update_holding_the_head():
+    tenant = TenantFactory(slug="acme")
+    _append_in_transaction(tenant, "before")
+    run = paused_run(tenant)
+
+    with CaptureQueriesContext(connection) as queries, audit.atomic():
+        audit.update_queryset_holding_head(Run.objects.filter(pk=run.pk), title="moved")
+        events = [_append(tenant, outcome) for outcome in ("one", "two", "three")]
+        # Held back: not in the database, no pk, until the block ends.
+        assert [e.pk for e in events] == [None, None, None]
+        assert not AuditEvent.objects.filter(outcome__in=["one", "two", "three"]).exists()
+
+    statements = _statements(queries.captured_queries)
+    # The update with the head's lock, the test's own read, then the three events with the head.
+    assert len(statements) == 3, statements
+    assert statements[1].startswith("SELECT")
+    assert statements[2].startswith("WITH moved AS (UPDATE")
+    assert _outcomes(tenant)[-3:] == ["one", "two", "three"]
+    stored = {e.seq: e.pk for e in AuditEvent.objects.filter(tenant=tenant)}
+    assert [(e.seq, e.pk) for e in events] == [(s, stored[s]) for s in (e.seq for e in events)]
+    assert [e._state.adding for e in events] == [False, False, False]
+    tenant.refresh_from_db()
+    assert (tenant.audit_seq, tenant.audit_head) == (events[-1].seq, events[-1].hash)
+    assert audit.verify_chain(tenant).ok
+
+
+@POSTGRES_ONLY
+def test_the_first_events_of_an_atomic_block_lock_the_head_once():
+    tenant = TenantFactory(slug="acme")
+    _append_in_transaction(tenant, "before")
+
+    with CaptureQueriesContext(connection) as queries, audit.atomic():
+        _append(tenant, "one")
+        _append(tenant, "two")
+
+    # The tenant's lock, then both events with the head.
+    assert len(_statements(queries.captured_queries)) == 2
+    assert _outcomes(tenant) == ["before", "one", "two"]
+    assert audit.verify_chain(tenant).ok
+
+
+def test_an_atomic_block_keeps_the_order_of_its_appends_and_links_them():
+    # On SQLite each event is written as it is appended; the chain is the same either way.
+    tenant = TenantFactory(slug="acme")
+    other = TenantFactory(slug="other")
+
+    with audit.atomic():
+        _append(tenant, "a1")
+        _append(other, "b1")
+        _append(tenant, "a2")
+        last = _append(other, "b2")
+
+    assert _outcomes(tenant) == ["a1", "a2"]
+    assert _outcomes(other) == ["b1", "b2"]
+    assert (last.seq, last.prev_hash) == (2, AuditEvent.objects.get(tenant=other, seq=1).hash)
+    assert audit.verify_chain(tenant).ok and audit.verify_chain(other).ok
+
+
+def test_an_exception_leaving_an_atomic_block_writes_none_of_its_events():
+    tenant = TenantFactory(slug="acme")
+    _append_in_transaction(tenant, "kept")
+
+    with pytest.raises(RuntimeError, match="gave up"), audit.atomic():
+        _append(tenant, "dropped")
+        raise RuntimeError("the caller gave up")
+
+    after = _append_in_transaction(tenant, "after")
+    assert _outcomes(tenant) == ["kept", "after"]
+    assert after.seq == 2
+    assert audit.verify_chain(tenant).ok
+
+
+def test_an_atomic_block_inside_another_writes_the_outer_events_first():
+    tenant = TenantFactory(slug="acme")
+
+    with audit.atomic():
+        _append(tenant, "outer one")
+        with audit.atomic():
+            _append(tenant, "inner")
+        with pytest.raises(RuntimeError), audit.atomic():
+            _append(tenant, "inner, rolled back")
+            raise RuntimeError("the inner block gave up")
+        _append(tenant, "outer two")
+
+    assert _outcomes(tenant) == ["outer one", "inner", "outer two"]
+    assert audit.verify_chain(tenant).ok
+
+
+@POSTGRES_ONLY
+def test_a_savepoint_inside_an_atomic_block_is_refused_an_event_while_others_wait():
+    tenant = TenantFactory(slug="acme")
+
+    with pytest.raises(RuntimeError) as raised, audit.atomic():
+        _append(tenant, "held")
+        with transaction.atomic():
+            _append(tenant, "in a savepoint")
+
+    assert "append it outside the savepoint" in str(raised.value)
+    assert _outcomes(tenant) == []
+
+
+def test_a_savepoint_inside_an_atomic_block_writes_its_event_when_none_wait():
+    tenant = TenantFactory(slug="acme")
+
+    with audit.atomic():
+        with transaction.atomic():
+            _append(tenant, "in a savepoint")
+        with pytest.raises(RuntimeError), transaction.atomic():
+            _append(tenant, "in a savepoint rolled back")
+            raise RuntimeError("the savepoint gave up")
+        _append(tenant, "held")
+
+    assert _outcomes(tenant) == ["in a savepoint", "held"]
+    assert audit.verify_chain(tenant).ok
+
+
+@POSTGRES_ONLY
+def test_events_held_back_are_linked_under_the_lock_when_the_guess_is_wrong():
+    tenant = TenantFactory(slug="acme")
+    _append_in_transaction(tenant, "before")
+
+    with audit.atomic():
+        _append(tenant, "one")
+        # As if this transaction held a head that another writer has since moved on.
+        _append(tenant, "two")
+        audit._guesses()[tenant.pk] = (0, "f" * 64, True)
+
+    assert _outcomes(tenant) == ["before", "one", "two"]
+    assert audit.verify_chain(tenant).ok

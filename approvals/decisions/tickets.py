@@ -55,32 +55,35 @@ def open_tickets(run: Run, interruptions, *, requested_by, now, resumed: bool) -
     ticket.created (and ticket.malformed), live hints after commit, and what the automatic
     deciders write.
     """
-    tickets = []
-    malformed: dict[int, list[str]] = {}
-    for call in map(PendingCall.of, interruptions):
-        raw = call.arguments
-        tool_name = call.qualified_name or call.name
-        policy = scopes.resolve(run.tenant_id, run.agent_key, tool_name)
-        tickets.append(
-            Ticket.objects.create(
+    pending = [PendingCall.of(interruption) for interruption in interruptions]
+    names = [call.qualified_name or call.name for call in pending]
+    # One query for every call's policy, one statement for every ticket.
+    policies = scopes.resolve_many(run.tenant_id, run.agent_key, names)
+    tickets = Ticket.objects.bulk_create(
+        [
+            Ticket(
                 run=run,
                 tenant_id=run.tenant_id,
                 generation=run.state_generation,
                 agent_name=call.agent_name,
                 tool_name=tool_name,
                 tool_call_id=call.call_id,
-                arguments_json=canonical_arguments(raw),
-                arguments_digest=arguments_digest(raw),
+                arguments_json=canonical_arguments(call.arguments),
+                arguments_digest=arguments_digest(call.arguments),
                 requested_by=requested_by,
                 created_at=now,
-                expires_at=now + scopes.time_to_live(policy),
-                policy=None if policy.is_builtin else policy,
+                expires_at=now + scopes.time_to_live(policies[tool_name]),
+                policy=None if policies[tool_name].is_builtin else policies[tool_name],
             )
-        )
-        schema = registry.tool_schema(run.agent_key, run.agent_version, tool_name)
-        reasons = calls.malformed_reasons(raw, schema)
+            for call, tool_name in zip(pending, names, strict=True)
+        ]
+    )
+    malformed: dict[int, list[str]] = {}
+    for call, ticket in zip(pending, tickets, strict=True):
+        schema = registry.tool_schema(run.agent_key, run.agent_version, ticket.tool_name)
+        reasons = calls.malformed_reasons(call.arguments, schema)
         if reasons:
-            malformed[tickets[-1].pk] = reasons
+            malformed[ticket.pk] = reasons
     for ticket in tickets:
         chain.append_for_ticket(
             ticket,

@@ -4,6 +4,7 @@ default.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import timedelta
 
 from django.conf import settings
@@ -65,18 +66,27 @@ def resolve(tenant_id: int, agent_key: str, tool_name: str) -> ApprovalPolicy:
     """The most specific current policy: agent+tool, then tool alone, then agent alone, then the
     tenant's default, then the built-in default; a removed scope is passed over. One query for
     all four scopes."""
-    scopes = list(
-        dict.fromkeys(((agent_key, tool_name), ("", tool_name), (agent_key, ""), ("", "")))
-    )
+    return resolve_many(tenant_id, agent_key, [tool_name])[tool_name]
+
+
+def resolve_many(
+    tenant_id: int, agent_key: str, tool_names: Iterable[str]
+) -> dict[str, ApprovalPolicy]:
+    """resolve() for each of the agent's tools named, by tool name: one query for them all."""
+    names = set(tool_names)
     current: dict[tuple[str, str], ApprovalPolicy] = {}
     for policy in ApprovalPolicy.objects.filter(
-        tenant_id=tenant_id, agent_key__in={agent_key, ""}, tool_name__in={tool_name, ""}
+        tenant_id=tenant_id, agent_key__in={agent_key, ""}, tool_name__in=names | {""}
     ).order_by("-version"):
         current.setdefault((policy.agent_key, policy.tool_name), policy)
-    for scope in scopes:
-        if scope in current and not current[scope].retired:
-            return current[scope]
-    return builtin_policy(tenant_id)
+
+    def most_specific(tool_name: str) -> ApprovalPolicy:
+        for scope in ((agent_key, tool_name), ("", tool_name), (agent_key, ""), ("", "")):
+            if scope in current and not current[scope].retired:
+                return current[scope]
+        return builtin_policy(tenant_id)
+
+    return {name: most_specific(name) for name in names}
 
 
 def policy_of(ticket: Ticket) -> ApprovalPolicy:

@@ -107,6 +107,26 @@ def test_policy_resolution_prefers_the_most_specific_current_version(world):
     assert ApprovalPolicy.objects.filter(tenant=tenant, tool_name="deploy_release").count() == 2
 
 
+def test_the_policies_of_several_tools_are_resolved_in_one_query(world, django_assert_num_queries):
+    tenant, p = world
+    default = set_policy(tenant, p["admin"], tool_name="", required_approvals=3)
+    deploy = set_policy(tenant, p["admin"], required_approvals=2)
+    rollback = set_policy(tenant, p["admin"], tool_name="rollback", agent_key="release")
+    # Removed scopes are passed over: the release agent's own default is gone.
+    set_policy(tenant, p["admin"], tool_name="", agent_key="release", required_approvals=4)
+    ApprovalPolicy.objects.filter(tenant=tenant, agent_key="release", tool_name="").update(
+        retired=True
+    )
+
+    with django_assert_num_queries(1):
+        found = scopes.resolve_many(
+            tenant.pk, "release", ["deploy_release", "rollback", "notify", "deploy_release"]
+        )
+
+    assert found == {"deploy_release": deploy, "rollback": rollback, "notify": default}
+    assert found == {name: scopes.resolve(tenant.pk, "release", name) for name in found}
+
+
 def test_ticket_records_its_policy_and_its_expiry_comes_from_it(world):
     tenant, p = world
     policy = set_policy(tenant, p["admin"], expiry_seconds=600)

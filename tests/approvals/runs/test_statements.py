@@ -12,7 +12,7 @@ from approvals.runs import lease
 from approvals.runs.pause import pause_run
 from approvals.runs.resume import resume
 from devtools.bench import queries
-from tests.support import TenantFactory, member, paused_run, run_agent
+from tests.support import TenantFactory, member, paused_run, run_agent, two_call_agent
 
 # The resume runs the agent's tools in another thread, so the data must be committed.
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -22,6 +22,12 @@ def _decided(tenant):
     run = paused_run(tenant, requested_by=member(tenant, Role.VIEWER, "req"))
     decide(Ticket.objects.get(run=run), user=member(tenant, Role.APPROVER, "ann"), approve=True)
     return run
+
+
+def _pause(result, tenant, requester):
+    return pause_run(
+        result, tenant=tenant, agent_key="release", agent_version="1", requested_by=requester
+    )
 
 
 def test_statements_of_a_resume_that_completes():
@@ -49,18 +55,39 @@ def test_statements_of_a_pause():
     tenant = TenantFactory(slug="acme")
     requester = member(tenant, Role.VIEWER, "req")
     result = run_agent("release", "Deploy release 2026.07.24 to production")
-    pause_run(result, tenant=tenant, agent_key="release", agent_version="1", requested_by=requester)
+    _pause(result, tenant, requester)
 
     with queries.counting() as counts:
-        pause_run(
-            result, tenant=tenant, agent_key="release", agent_version="1", requested_by=requester
-        )
+        _pause(result, tenant, requester)
 
     # The run (created, then sealed and paused: on PostgreSQL the move takes the tenant's
-    # audit-head lock too, and each event is one statement with its head), its audit event,
-    # the policy, the ticket, its event.
-    expected = {"postgresql": 6, "sqlite": 11}[connection.vendor]
+    # audit-head lock too), the policy, the ticket, then the run's audit event and the ticket's
+    # (on PostgreSQL both in one statement with their head as the transaction ends; on SQLite
+    # each append is three statements).
+    expected = {"postgresql": 5, "sqlite": 11}[connection.vendor]
     assert counts["main"] + counts["other"] == expected, counts.log
+
+
+def test_a_pause_of_two_calls_costs_what_a_pause_of_one_costs():
+    tenant = TenantFactory(slug="acme")
+    requester = member(tenant, Role.VIEWER, "req")
+    one = run_agent("release", "Deploy release 2026.07.24 to production")
+    two = run_agent(
+        "release", "Deploy release 2026.07.24 to staging and production", agent=two_call_agent()
+    )
+    _pause(one, tenant, requester)
+
+    def statements(result) -> int:
+        with queries.counting() as counts:
+            _pause(result, tenant, requester)
+        return counts["main"] + counts["other"]
+
+    # The policies of every call in one query and every ticket in one statement; on PostgreSQL
+    # every audit event in one statement too. On SQLite each event is three statements.
+    assert len(two.interruptions) == 2
+    extra = {"postgresql": 0, "sqlite": 3}[connection.vendor]
+    assert statements(two) == statements(one) + extra
+    assert Ticket.objects.filter(run__tenant=tenant).count() == 1 + 1 + 2
 
 
 def test_statements_of_a_decision_that_queues_its_run():
@@ -82,11 +109,12 @@ def test_statements_of_a_decision_that_queues_its_run():
     assert ticket.run.status == RunStatus.QUEUED
     # Before the lock: the decider's membership and its tenant, the run (the digest gate opens
     # its state). Under the run's lock: the run, the ticket with its policy, the valid votes,
-    # the vote, the compare-and-set (with the audit head's lock on PostgreSQL), its audit
-    # event; the run queued if no ticket of its state is pending, its task (whose insert
-    # NOTIFYs the workers on PostgreSQL), its audit event. On SQLite an append is three
+    # the vote, the compare-and-set (with the audit head's lock on PostgreSQL); the run queued
+    # if no ticket of its state is pending, its task (whose insert NOTIFYs the workers on
+    # PostgreSQL); the decision's audit event and the run's (on PostgreSQL both in one
+    # statement with their head as the transaction ends). On SQLite an append is three
     # statements.
-    expected = {"postgresql": 12, "sqlite": 17}[connection.vendor]
+    expected = {"postgresql": 11, "sqlite": 17}[connection.vendor]
     assert counts["main"] + counts["other"] == expected, counts.log
 
 

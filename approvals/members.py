@@ -22,7 +22,9 @@ def membership_for(user, tenant_id: int, *, known: Membership | None = None) -> 
         return None
     if known is not None and known.user_id == user.pk and known.tenant_id == tenant_id:
         return known
-    return Membership.objects.filter(user=user, tenant_id=tenant_id).first()
+    return (
+        Membership.objects.filter(user=user, tenant_id=tenant_id).select_related("tenant").first()
+    )
 
 
 def memberships_in(users, tenant_id: int) -> dict[int, Membership]:

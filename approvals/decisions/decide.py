@@ -64,7 +64,8 @@ def check_decider(
     membership = ticket_membership(user, ticket, known=membership)
     if not membership.can_decide:
         raise NotAllowedError(f"the {membership.role} role cannot decide tickets")
-    factors.check_second_factor(membership, tenant=ticket.tenant, user=user)
+    # The membership's tenant is the ticket's, read with it.
+    factors.check_second_factor(membership, tenant=membership.tenant, user=user)
     if approve and ticket.is_requested_by(user):
         raise SelfApprovalError("you requested this call, so someone else must approve it")
     return membership
@@ -160,8 +161,9 @@ def decide(
             .get(pk=ticket.run_id)
         )
         now = timezone.now()
-        # Read under the lock: a policy change or an escalation may have moved the ticket.
-        current = Ticket.objects.select_related("policy", "decided_by").get(pk=ticket.pk)
+        # Read under the lock: a policy change or an escalation may have moved the ticket. (Who
+        # decided it already is read only to say so.)
+        current = Ticket.objects.select_related("policy").get(pk=ticket.pk)
         refuse_unless_pending(current, now)
         policy = scopes.policy_of(current)
         refusal = quorum.refusal_for(user, current, policy)

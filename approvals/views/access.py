@@ -23,27 +23,32 @@ def memberships(request: HttpRequest) -> dict[int, Membership]:
     return cached
 
 
-def get_ticket_for_user(request: HttpRequest, pk: int) -> tuple[Ticket, Membership]:
+# What a ticket's page shows beside the ticket, read with it.
+TICKET_PAGE = ("run", "tenant", "requested_by", "decided_by")
+
+
+def get_ticket_for_user(
+    request: HttpRequest, pk: int, *, related: tuple[str, ...] = TICKET_PAGE
+) -> tuple[Ticket, Membership]:
+    """The ticket, with its `related` rows, if it is in one of the user's tenants; else 404.
+    related: what the caller reads of it (a decision: its run, whose state the digest gate
+    opens); anything else is read when first asked for."""
     mine = memberships(request)
-    ticket = (
-        Ticket.objects.select_related("run", "tenant", "requested_by", "decided_by")
-        .filter(pk=pk, tenant_id__in=mine.keys())
-        .first()
-    )
-    if ticket is None:
-        raise Http404("No such ticket.")
+    try:
+        ticket = Ticket.objects.select_related(*related).get(pk=pk, tenant_id__in=mine.keys())
+    except Ticket.DoesNotExist:
+        raise Http404("No such ticket.") from None
     return ticket, mine[ticket.tenant_id]
 
 
 def get_run_for_user(request: HttpRequest, pk: int) -> tuple[Run, Membership]:
     mine = memberships(request)
-    run = (
-        Run.objects.select_related("tenant", "requested_by")
-        .filter(pk=pk, tenant_id__in=mine.keys())
-        .first()
-    )
-    if run is None:
-        raise Http404("No such run.")
+    try:
+        run = Run.objects.select_related("tenant", "requested_by").get(
+            pk=pk, tenant_id__in=mine.keys()
+        )
+    except Run.DoesNotExist:
+        raise Http404("No such run.") from None
     return run, mine[run.tenant_id]
 
 

@@ -223,7 +223,8 @@ def ticket_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
 @login_required
 @require_POST
 def ticket_decide(request: HtmxHttpRequest, pk: int) -> HttpResponse:
-    ticket, membership = access.get_ticket_for_user(request, pk)
+    # The run only: decide() opens its state; a refusal's page reads the rest.
+    ticket, membership = access.get_ticket_for_user(request, pk, related=("run",))
     form = DecisionForm(request.POST)
     problem, status = "", 200
     if not form.is_valid():

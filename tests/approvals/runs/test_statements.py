@@ -107,14 +107,14 @@ def test_statements_of_a_decision_that_queues_its_run():
 
     ticket.run.refresh_from_db()
     assert ticket.run.status == RunStatus.QUEUED
-    # Before the lock: the decider's membership and its tenant, the run (the digest gate opens
+    # Before the lock: the decider's membership with its tenant (one query), the run (the digest gate opens
     # its state). Under the run's lock: the run, the ticket with its policy, the valid votes,
     # the vote, the compare-and-set (with the audit head's lock on PostgreSQL); the run queued
     # if no ticket of its state is pending, its task (whose insert NOTIFYs the workers on
     # PostgreSQL); the decision's audit event and the run's (on PostgreSQL both in one
     # statement with their head as the transaction ends). On SQLite an append is three
     # statements.
-    expected = {"postgresql": 11, "sqlite": 17}[connection.vendor]
+    expected = {"postgresql": 10, "sqlite": 16}[connection.vendor]
     assert counts["main"] + counts["other"] == expected, counts.log
 
 

@@ -272,6 +272,15 @@ def find_tool(agent: Any, tool_name: str) -> Any | None:
 
 
 @functools.cache
+def loading_agent(agent_key: str, agent_version: str) -> Any:
+    """The deployed version's agent built once per process, to read with and never to run:
+    loading a state with RunState.from_json (runs.remote checks a caller's state so) reads the
+    agent and changes nothing of it. A run builds its own with AgentSpec.build(): its tools and
+    hooks may keep state. Raises what get_spec() or the factory raise (and keeps nothing)."""
+    return get_spec(agent_key, agent_version).build()
+
+
+@functools.cache
 def tool_schema(agent_key: str, agent_version: str, tool_name: str) -> dict | None:
     """The parameters schema of the deployed version's function tool, found once per process (a
     deployed version never changes its tools); None when the version or the tool is missing."""
@@ -289,6 +298,7 @@ def forget() -> None:
     _entry_point_sources.cache_clear()
     tool_names.cache_clear()
     tool_schema.cache_clear()
+    loading_agent.cache_clear()
 
 
 @receiver(setting_changed)

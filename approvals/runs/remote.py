@@ -186,10 +186,11 @@ def _require_stored(value: dict, number: int, call: PendingCall) -> None:
 def _loaded_calls(spec: registry.AgentSpec, value: dict, expected: int) -> list[PendingCall]:
     """The calls of the state as the registered agent version loads it (RunState.from_json)."""
     try:
-        # On this thread's kept event loop: a fresh one per state costs milliseconds.
+        # On this thread's kept event loop: a fresh one per state costs milliseconds. The
+        # agent is the one the process keeps for loading: building it costs milliseconds too.
         loaded = lease.run_async(
             RunState.from_json(
-                spec.build(),
+                registry.loading_agent(spec.key, spec.version),
                 value,
                 context_deserializer=spec.context_deserializer,
                 # Only its calls are read here: the caller resumes it, rebuilding its own context.

@@ -162,3 +162,54 @@ def test_the_installed_example_package_registers_release_pkg():
 
     assert points["release-pkg"] == "release_agent:AGENTS"
     assert [tool.name for tool in spec.build().tools] == ["deploy_release"]
+
+
+BUILT: list[str] = []
+
+
+def build_counted_agent() -> Agent:
+    BUILT.append("counted")
+    return Agent(name="counted")
+
+
+COUNTED = {"1": f"{HERE}.build_counted_agent", "2": f"{HERE}.build_counted_agent"}
+
+
+def test_the_agent_to_load_with_is_built_once_per_version_and_a_run_builds_its_own(
+    entry_points,
+):
+    entry_points("counted", f"{HERE}:COUNTED")
+    BUILT.clear()
+
+    first = registry.loading_agent("counted", "1")
+    again = registry.loading_agent("counted", "1")
+    other = registry.loading_agent("counted", "2")
+    own = registry.get_spec("counted", "1").build()
+
+    assert first is again
+    assert other is not first
+    assert own is not first
+    assert len(BUILT) == 3
+    registry.forget()
+    assert registry.loading_agent("counted", "1") is not first
+    assert len(BUILT) == 4
+
+
+def test_an_agent_that_cannot_be_built_is_not_kept(entry_points, monkeypatch):
+    entry_points("counted", f"{HERE}:COUNTED")
+    broken = [True]
+
+    def flaky() -> Agent:
+        if broken[0]:
+            raise RuntimeError("the factory failed")
+        return Agent(name="counted")
+
+    monkeypatch.setattr(f"{HERE}.build_counted_agent", flaky)
+
+    with pytest.raises(RuntimeError, match="the factory failed"):
+        registry.loading_agent("counted", "1")
+    broken[0] = False
+
+    assert registry.loading_agent("counted", "1").name == "counted"
+    with pytest.raises(registry.UnknownAgentError):
+        registry.loading_agent("missing", "1")

@@ -17,6 +17,7 @@ from django_tasks_db.models import DBTaskResult
 from approvals.core import signatures
 from approvals.core.canonical import arguments_digest
 from approvals.decisions.decide import decide
+from approvals.execution import registry
 from approvals.execution.state import SecretInContextError, open_state
 from approvals.models import (
     AuditEvent,
@@ -197,6 +198,33 @@ def test_submit_paused_registered_agent_opens_the_tickets_pause_run_opens(people
     # Sealed as pause_run seals: the state opens to exactly what the caller sent.
     assert open_state(run) == state
     assert bytes(run.state_ciphertext).find(b"2026.07.24") == -1
+
+
+def test_submit_paused_loads_states_with_one_agent_a_process_keeps(people, monkeypatch):
+    built: list[str] = []
+    build = registry.AgentSpec.build
+    monkeypatch.setattr(
+        registry.AgentSpec, "build", lambda spec: built.append(spec.key) or build(spec)
+    )
+    registry.forget()
+    states = [
+        run_agent("release", f"Deploy {n}", agent=calling_agent(PRODUCTION)).to_state().to_json()
+        for n in range(3)
+    ]
+
+    first = submit(people["tenant"], states[0], agent_key="release", agent_version="1")
+    after_one = len(built)
+    others = [
+        submit(people["tenant"], state, agent_key="release", agent_version="1")
+        for state in states[1:]
+    ]
+
+    assert [Ticket.objects.filter(run=run).count() for run in [first, *others]] == [1, 1, 1]
+    # Loading a state reads the agent and never runs it: the first state built it (and the
+    # agent the tool's schema is read from), the next ones build nothing.
+    assert built and set(built) == {"release"}
+    assert len(built) == after_one
+    registry.forget()
 
 
 def test_submit_paused_unregistered_agent_is_checked_by_structure_only(people):

@@ -164,8 +164,11 @@ def tickets_for_shaping(tickets: QuerySet[Ticket]) -> QuerySet[Ticket]:
     )
 
 
-def ticket_json(ticket: Ticket) -> dict[str, Any]:
-    progress = quorum.progress(ticket, scopes.policy_of(ticket), list(ticket.votes.all()))
+def ticket_json(ticket: Ticket, *, votes: list[TicketVote] | None = None) -> dict[str, Any]:
+    """votes: the ticket's votes when the caller knows them without a query (a ticket just
+    opened has none); else read, or taken from tickets_for_shaping's prefetch."""
+    votes = list(ticket.votes.all()) if votes is None else votes
+    progress = quorum.progress(ticket, scopes.policy_of(ticket), votes)
     return {
         "id": ticket.pk,
         "url": absolute(reverse("approvals:ticket", args=[ticket.pk])),
@@ -213,14 +216,20 @@ def run_summary_json(run: Run) -> dict[str, Any]:
     }
 
 
-def run_json(run: Run, *, decisions: list[dict[str, Any]]) -> dict[str, Any]:
+def run_json(
+    run: Run, *, decisions: list[dict[str, Any]], opened: list[Ticket] | None = None
+) -> dict[str, Any]:
     """The whole Run: its summary, the tickets of its current generation and, for a caller's
-    run awaiting the caller, the signed decisions it resumes on."""
-    tickets = tickets_for_shaping(
-        Ticket.objects.filter(run=run, generation=run.state_generation).order_by("pk")
-    )
-    return {
-        **run_summary_json(run),
-        "tickets": [ticket_json(t) for t in tickets],
-        "decisions": decisions,
-    }
+    run awaiting the caller, the signed decisions it resumes on.
+
+    opened: the current generation's tickets as the caller just opened them, in order, with no
+    votes yet (runs.remote.Submitted): shaped as they are, without reading them back.
+    """
+    if opened is not None:
+        shaped = [ticket_json(t, votes=[]) for t in opened]
+    else:
+        tickets = tickets_for_shaping(
+            Ticket.objects.filter(run=run, generation=run.state_generation).order_by("pk")
+        )
+        shaped = [ticket_json(t) for t in tickets]
+    return {**run_summary_json(run), "tickets": shaped, "decisions": decisions}

@@ -119,11 +119,11 @@ def _page(queryset, cursor: str | None, limit: int):
         ) from None
 
 
-def _full_run(run: Run) -> dict[str, Any]:
+def _full_run(run: Run, *, opened: list[Ticket] | None = None) -> dict[str, Any]:
     decisions: list[dict[str, Any]] = []
     if run.executor == RunExecutor.CALLER and run.status == RunStatus.AWAITING_CALLER:
         decisions = remote.signed_decisions(run)
-    return run_json(run, decisions=decisions)
+    return run_json(run, decisions=decisions, opened=opened)
 
 
 # --- keys ------------------------------------------------------------------------------------
@@ -218,7 +218,7 @@ def submit_paused(request: HttpRequest, response: HttpResponse, body: PausedRunI
     """Hand over a paused run the caller resumes itself (scope runs:write): 201 with the run
     and its tickets."""
     token = _token(request)
-    run = remote.submit_paused(
+    submitted = remote.submit_paused(
         tenant=token.tenant,
         agent_key=body.agent,
         agent_version=body.version,
@@ -228,9 +228,10 @@ def submit_paused(request: HttpRequest, response: HttpResponse, body: PausedRunI
         title=body.title,
         via=tokens.via(token),
     )
-    response["Location"] = absolute(f"/api/v1/runs/{run.pk}")
-    # The run as submit_paused read it back, with the token's tenant and person it was given.
-    return 201, _full_run(run)
+    response["Location"] = absolute(f"/api/v1/runs/{submitted.run.pk}")
+    # The run as submit_paused read it back, with the token's tenant and person it was given,
+    # and its tickets as it opened them: nothing is read again.
+    return 201, _full_run(submitted.run, opened=submitted.tickets)
 
 
 @api.post(

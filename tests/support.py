@@ -134,7 +134,7 @@ def caller_run(tenant: Tenant, arguments: str | dict | None = None, *, requested
         agent_version="1",
         state_json=result.to_state().to_json(),
         requested_by=requested_by,
-    )
+    ).run
 
 
 def two_call_agent() -> Agent:

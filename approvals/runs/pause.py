@@ -26,6 +26,7 @@ from approvals.models import (
     RunExecutor,
     RunStatus,
     Tenant,
+    Ticket,
 )
 
 
@@ -70,7 +71,7 @@ def pause_run(
         context=result.context_wrapper.context,
         context_serializer=context_serializer or spec.context_serializer,
     )
-    return store_pause(
+    run, _ = store_pause(
         tenant=tenant,
         agent_key=agent_key,
         agent_version=str(agent_version),
@@ -81,6 +82,7 @@ def pause_run(
         session=describe(session),
         title=title_from(state_json.get("original_input")),
     )
+    return run
 
 
 def store_pause(
@@ -96,11 +98,12 @@ def store_pause(
     title: str,
     executor: str = RunExecutor.CONSOLE,
     detail: dict | None = None,
-) -> Run:
+) -> tuple[Run, list[Ticket]]:
     """A paused run handed over whole, whoever holds the agent (pause_run, and runs.remote for
     a caller's run): the Run row, then store_first_pause (its state sealed as generation 1,
     audit event run.paused with detail merged in, one ticket per call, signals.run_paused after
-    commit). One transaction; the state must already be checked.
+    commit). One transaction; the state must already be checked. Returns the run and its
+    tickets as store_first_pause returns them.
     """
     now = timezone.now()
     with chain.atomic():
@@ -123,7 +126,7 @@ def store_pause(
             created_at=now,
             updated_at=now,
         )
-        store_first_pause(
+        opened = store_first_pause(
             run,
             state_json=state_json,
             payload=payload,
@@ -131,7 +134,10 @@ def store_pause(
             requested_by=requested_by,
             detail=detail,
         )
-    return run
+    if opened is None:
+        # A row nobody else sees before the commit is held as it was created.
+        raise RuntimeError(f"run {run.pk}, created in this transaction, was not held as created")
+    return run, opened
 
 
 def store_first_pause(
@@ -143,14 +149,16 @@ def store_first_pause(
     requested_by,
     actor_name: str = "",
     detail: dict | None = None,
-) -> bool:
+) -> list[Ticket] | None:
     """The one way a run's first pause is stored: a new row of pause_run or runs.remote
     (store_pause), or a run the worker started (runs.start) that paused. The run is starting
     and held by whoever calls (a lease, or a row nobody else sees yet): its state sealed as
     generation 1, the run moved to paused (lease cleared), audit event run.paused (detail merged
     in), one ticket per call (decisions.tickets), and after commit signals.run_paused.
 
-    Runs in the caller's transaction; the state must already be checked. Returns False, having
+    Runs in the caller's transaction; the state must already be checked. Returns the tickets
+    opened, as they stand when it returns (decisions.tickets.open_tickets: the automatic
+    deciders may have decided some; a first pause's tickets have no votes yet), or None, having
     written nothing, when the run is no longer held as the caller saw it.
     """
     now = timezone.now()
@@ -171,7 +179,7 @@ def store_first_pause(
         updated_at=now,
     )
     if not moved:
-        return False
+        return None
     # What the move wrote, without reading it back.
     run.status, run.status_reason, run.schema_version = RunStatus.PAUSED, "", schema_version
     run.lease_owner, run.lease_expires_at, run.updated_at = "", None, now
@@ -191,9 +199,9 @@ def store_first_pause(
             **(detail or {}),
         },
     )
-    tickets.open_tickets(run, calls, requested_by=requested_by, now=now, resumed=False)
+    opened = tickets.open_tickets(run, calls, requested_by=requested_by, now=now, resumed=False)
     signals.send_on_commit(signals.run_paused, run=run)
-    return True
+    return opened
 
 
 def store_next_pause(

@@ -78,6 +78,15 @@ class OutcomeConflictError(ConflictError):
 
 
 @dataclass(frozen=True)
+class Submitted:
+    """A caller's pause as submit_paused stored it: the run, and its tickets as they stand
+    (no votes yet: a first pause has none)."""
+
+    run: Run
+    tickets: list[Ticket]
+
+
+@dataclass(frozen=True)
 class CheckedState:
     """A caller's state that may be stored: its JSON, the bytes to seal and its calls."""
 
@@ -273,7 +282,7 @@ def submit_paused(
     session_id: str = "",
     title: str = "",
     via: dict | None = None,
-) -> Run:
+) -> Submitted:
     """Store a pause the caller's own process holds, and open one ticket per call.
 
     state_json is RunState.to_json() (a dict, or its JSON text), checked by check_state. The run
@@ -284,7 +293,8 @@ def submit_paused(
     Side effects, as pause_run's (pause.store_pause), in one transaction: the Run with its
     sealed state, its tickets (decisions.tickets: malformed calls rejected, automatic
     decisions), audit events run.paused and ticket.created, live hints and signals.run_paused
-    after commit. Raises InvalidStateError or SecretInContextError, having written nothing.
+    after commit. Returns the run and its tickets, as they stand once stored. Raises
+    InvalidStateError or SecretInContextError, having written nothing.
     """
     agent_key = _text(agent_key, "agent key", limit=100).strip()
     agent_version = _text(str(agent_version), "agent version", limit=50).strip()
@@ -293,7 +303,7 @@ def submit_paused(
     session_id = _text(session_id or "", "session id", limit=255)
     title = _text(title or "", "title", limit=10_000)
     checked = check_state(agent_key, agent_version, state_json)
-    run = store_pause(
+    run, opened = store_pause(
         tenant=tenant,
         agent_key=agent_key,
         agent_version=agent_version,
@@ -311,7 +321,7 @@ def submit_paused(
     # The automatic deciders may have decided every call already. The run's own columns only:
     # its tenant and requester, which no decision changes, stay as they were given.
     run.refresh_from_db(fields=_OWN_COLUMNS)
-    return run
+    return Submitted(run, opened)
 
 
 # --- the caller fetches the decisions -----------------------------------------------------------

@@ -24,6 +24,7 @@ from tests.support import (
     member,
     paused_run,
     run_agent,
+    two_call_agent,
 )
 
 API = "/api/v1"
@@ -203,7 +204,7 @@ def test_reads_write_last_use_once_a_minute(world, frozen_clock, django_assert_n
         assert call("GET", "/runs", secret, limit=1).status_code == 200
 
 
-def test_a_submit_costs_its_pause_and_three_queries_of_its_own(world, frozen_clock):
+def test_a_submit_costs_its_pause_and_one_query_of_its_own(world, frozen_clock):
     tenant, people, run = world
     person = people["requester"]
     _, secret = api_token(tenant, "runs:write", user=person)
@@ -223,11 +224,63 @@ def test_a_submit_costs_its_pause_and_three_queries_of_its_own(world, frozen_clo
 
     assert answer.status_code == 201
     assert (answer.json()["status"], answer.json()["requested_by"]) == ("paused", "rita")
-    # The token with its tenant, person and membership (one query), then the answer's
-    # tickets and their votes: nothing else beside what storing the pause itself reads and writes.
-    own = [q["sql"].split(" FROM ")[-1].split()[0] for q in request[:1] + request[-2:]]
-    assert own == ['"api_apitoken"', '"approvals_ticket"', '"approvals_ticketvote"']
-    assert len(request) == len(pause) + 3, [q["sql"][:120] for q in request]
+    # The token with its tenant, person and membership (one query): nothing else beside what
+    # storing the pause itself reads and writes. The answer's tickets are those it opened.
+    assert request[0]["sql"].split(" FROM ")[-1].split()[0] == '"api_apitoken"'
+    assert len(request) == len(pause) + 1, [q["sql"][:120] for q in request]
+
+
+def _state(agent) -> dict:
+    return run_agent("release", "Deploy", agent=agent).to_state().to_json()
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["two calls", "a malformed call", "a call a rule approves", "a call a rule rejects"],
+)
+def test_a_submits_answer_is_what_reading_the_run_answers(world, case):
+    tenant, people, _ = world
+    _, secret = api_token(tenant, "runs:write", "runs:read", user=people["requester"])
+    agent = calling_agent(PRODUCTION)
+    if case == "two calls":
+        agent = two_call_agent()
+    elif case == "a malformed call":
+        agent = calling_agent({"release": "2026.07.24"})
+    else:
+        verdict = "approve" if case == "a call a rule approves" else "reject"
+        rule = {
+            "argument": "environment",
+            "op": "eq",
+            "value": "production",
+            "decision": verdict,
+            "reason": "the rule of this test",
+        }
+        save_policy(
+            tenant=tenant,
+            user=people["admin"],
+            agent_key="",
+            tool_name="deploy_release",
+            auto_rules=[rule],
+        )
+    body = {"agent": "release", "version": "1", "state": _state(agent)}
+
+    answer = call("POST", "/runs/paused", secret, body)
+
+    assert answer.status_code == 201, answer.json()
+    submitted = answer.json()
+    read = call("GET", f"/runs/{submitted['id']}", secret).json()
+    # Shaped from the tickets as the submit opened them, never read back: the same answer.
+    assert submitted == read
+    statuses = [t["status"] for t in submitted["tickets"]]
+    assert (
+        statuses
+        == {
+            "two calls": ["pending", "pending"],
+            "a malformed call": ["rejected"],
+            "a call a rule approves": ["approved"],
+            "a call a rule rejects": ["rejected"],
+        }[case]
+    )
 
 
 # --- reading --------------------------------------------------------------------------------------

@@ -98,7 +98,7 @@ def resume_as_caller(agent: Agent, state_json: dict, decisions: list[dict]):
 def submit(tenant, state_json, **kwargs) -> Run:
     kwargs.setdefault("agent_key", "shipper")
     kwargs.setdefault("agent_version", "3")
-    return remote.submit_paused(tenant=tenant, state_json=state_json, **kwargs)
+    return remote.submit_paused(tenant=tenant, state_json=state_json, **kwargs).run
 
 
 def actions(run: Run) -> list[str]:

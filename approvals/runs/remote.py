@@ -318,9 +318,11 @@ def submit_paused(
         executor=RunExecutor.CALLER,
         detail={"executor": RunExecutor.CALLER, **(via or {})},
     )
-    # The automatic deciders may have decided every call already. The run's own columns only:
-    # its tenant and requester, which no decision changes, stay as they were given.
-    run.refresh_from_db(fields=_OWN_COLUMNS)
+    if any(ticket.status != TicketStatus.PENDING for ticket in opened):
+        # The automatic deciders decided a call, and may have moved the run: its own columns as
+        # they now are (its tenant and requester, which no decision changes, stay as given).
+        # Otherwise the run is as store_pause wrote it.
+        run.refresh_from_db(fields=_OWN_COLUMNS)
     return Submitted(run, opened)
 
 

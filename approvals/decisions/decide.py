@@ -161,9 +161,8 @@ def decide(
             .get(pk=ticket.run_id)
         )
         now = timezone.now()
-        # Read under the lock: a policy change or an escalation may have moved the ticket. (Who
-        # decided it already is read only to say so.)
-        current = Ticket.objects.select_related("policy").get(pk=ticket.pk)
+        # Read under the lock: a policy change or an escalation may have moved the ticket.
+        current = Ticket.objects.select_related("policy", "decided_by").get(pk=ticket.pk)
         refuse_unless_pending(current, now)
         policy = scopes.policy_of(current)
         refusal = quorum.refusal_for(user, current, policy)

@@ -111,19 +111,26 @@ class Processes:
     started: list[Proc] = field(default_factory=list)
 
     def start(
-        self, name: str, *args: str, env: dict[str, str] | None = None, log: Path | None = None
+        self,
+        name: str,
+        *args: str,
+        env: dict[str, str] | None = None,
+        log: Path | None = None,
+        root: Path = ROOT,
     ) -> Proc:
-        """args are manage.py arguments, or a whole command when the first is an absolute path."""
+        """args are manage.py arguments, or a whole command when the first is an absolute path.
+        root: the checkout whose manage.py runs, and the working directory (another checkout's,
+        to measure two versions side by side)."""
         argv = (
             list(args)
             if args[0].startswith("/")
-            else [sys.executable, str(ROOT / "manage.py"), *args]
+            else [sys.executable, str(root / "manage.py"), *args]
         )
         log = log or self.log_dir / f"{name}-{len(self.started)}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         with log.open("w") as out:
             popen = subprocess.Popen(
-                argv, cwd=ROOT, env=env or child_env(), stdout=out, stderr=subprocess.STDOUT
+                argv, cwd=root, env=env or child_env(), stdout=out, stderr=subprocess.STDOUT
             )
         proc = Proc(name, popen, log)
         self.started.append(proc)
@@ -166,11 +173,18 @@ def wait_for_http(url: str, server: Proc, *, timeout: float = 60, path: str = "/
 
 
 def start_web(
-    procs: Processes, env: dict[str, str] | None = None, *, log: Path | None = None
+    procs: Processes,
+    env: dict[str, str] | None = None,
+    *,
+    log: Path | None = None,
+    root: Path = ROOT,
 ) -> tuple[str, Proc]:
-    """`manage.py runserver --noreload` (daphne, ASGI) on a free port, answering /login/."""
+    """`manage.py runserver --noreload` (daphne, ASGI) of the checkout at root on a free port,
+    answering /login/."""
     port = free_port()
-    server = procs.start("web", "runserver", "--noreload", f"127.0.0.1:{port}", env=env, log=log)
+    server = procs.start(
+        "web", "runserver", "--noreload", f"127.0.0.1:{port}", env=env, log=log, root=root
+    )
     url = f"http://127.0.0.1:{port}"
     wait_for_http(url, server)
     return url, server

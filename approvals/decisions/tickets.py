@@ -59,8 +59,10 @@ def open_tickets(run: Run, interruptions, *, requested_by, now, resumed: bool) -
     names = [call.qualified_name or call.name for call in pending]
     # One query for every call's policy, one statement for every ticket.
     policies = scopes.resolve_many(run.tenant_id, run.agent_key, names)
-    tickets = Ticket.objects.bulk_create(
-        [
+    new = []
+    for call, tool_name in zip(pending, names, strict=True):
+        policy = policies[tool_name]
+        new.append(
             Ticket(
                 run=run,
                 tenant_id=run.tenant_id,
@@ -72,12 +74,11 @@ def open_tickets(run: Run, interruptions, *, requested_by, now, resumed: bool) -
                 arguments_digest=arguments_digest(call.arguments),
                 requested_by=requested_by,
                 created_at=now,
-                expires_at=now + scopes.time_to_live(policies[tool_name]),
-                policy=None if policies[tool_name].is_builtin else policies[tool_name],
+                expires_at=now + scopes.time_to_live(policy),
+                policy=None if policy.is_builtin else policy,
             )
-            for call, tool_name in zip(pending, names, strict=True)
-        ]
-    )
+        )
+    tickets = Ticket.objects.bulk_create(new)
     malformed: dict[int, list[str]] = {}
     for call, ticket in zip(pending, tickets, strict=True):
         schema = registry.tool_schema(run.agent_key, run.agent_version, ticket.tool_name)

@@ -47,7 +47,7 @@ class Command(BaseCommand):
         for name in ("decisions", "submits"):
             if options[name] <= options["warm"]:
                 raise CommandError(f"--{name} must be more than --warm ({options['warm']})")
-        name = database.bench_database_name()
+        database_name = database.bench_database_name()
         tenant = Tenant.objects.filter(slug="bench").first()
         users = get_user_model()
         people = {
@@ -55,7 +55,7 @@ class Command(BaseCommand):
         }
         if tenant is None or len(people) != 2:
             raise CommandError(
-                f"database {name} has no bench tenant and people: run `make bench` first"
+                f"database {database_name} has no bench tenant and people: run `make bench` first"
             )
         here = Path(settings.BASE_DIR).resolve()
         roots = [here, other_root]
@@ -70,7 +70,7 @@ class Command(BaseCommand):
         self.stdout.write(text)
         out = {
             "checkouts": names,
-            "database": name,
+            "database": database_name,
             "measures": {
                 key: [stats.summary_ms(side) for side in value] for key, value in report.items()
             },

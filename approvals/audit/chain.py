@@ -290,7 +290,10 @@ def atomic() -> Iterator[None]:
         batch = connection._audit_batch = _Batch(len(connection.savepoint_ids))
         try:
             yield
-            _write_held_back(batch)
+            # A transaction marked for rollback (an error caught inside the block) rolls back
+            # as the block ends, as transaction.atomic() does: its events go with it.
+            if not connection.needs_rollback:
+                _write_held_back(batch)
         finally:
             connection._audit_batch = outer
 

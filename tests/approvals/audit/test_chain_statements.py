@@ -7,7 +7,7 @@ import threading
 
 import psycopg
 import pytest
-from django.db import connection, transaction
+from django.db import IntegrityError, connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 from approvals.audit import chain as audit
@@ -530,6 +530,30 @@ def test_an_atomic_block_inside_another_writes_the_outer_events_first():
         _append(tenant, "outer two")
 
     assert _outcomes(tenant) == ["outer one", "inner", "outer two"]
+    assert audit.verify_chain(tenant).ok
+
+
+def test_an_atomic_block_marked_for_rollback_writes_none_of_its_events_as_atomic_would():
+    tenant = TenantFactory(slug="acme")
+    _append_in_transaction(tenant, "kept")
+
+    # An error caught inside the block from a block without a savepoint marks the transaction
+    # for rollback: transaction.atomic() rolls it back as it ends, without raising.
+    with audit.atomic():
+        _append(tenant, "dropped")
+        Tenant.objects.filter(pk=tenant.pk).update(name="renamed")
+        try:
+            with transaction.atomic(savepoint=False):
+                Tenant.objects.create(slug="acme", name="a second acme")
+        except IntegrityError:
+            pass
+        assert connection.needs_rollback
+
+    tenant.refresh_from_db()
+    assert tenant.name != "renamed"
+    after = _append_in_transaction(tenant, "after")
+    assert _outcomes(tenant) == ["kept", "after"]
+    assert after.seq == 2
     assert audit.verify_chain(tenant).ok
 
 

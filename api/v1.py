@@ -13,6 +13,7 @@ from typing import Any
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 from ninja import NinjaAPI, Path, Query
+from ninja.responses import Status
 
 from api import errors, tokens, waiting
 from api.auth import TokenAuth
@@ -205,7 +206,7 @@ def start_run(request: HttpRequest, response: HttpResponse, body: StartRunIn):
         via=tokens.via(token),
     )
     response["Location"] = absolute(f"/api/v1/runs/{run.pk}")
-    return 202, _full_run(_run_of(token, run.pk))
+    return Status(202, _full_run(_run_of(token, run.pk)))
 
 
 @api.post(
@@ -231,7 +232,7 @@ def submit_paused(request: HttpRequest, response: HttpResponse, body: PausedRunI
     response["Location"] = absolute(f"/api/v1/runs/{submitted.run.pk}")
     # The run as submit_paused read it back, with the token's tenant and person it was given,
     # and its tickets as it opened them: nothing is read again.
-    return 201, _full_run(submitted.run, opened=submitted.tickets)
+    return Status(201, _full_run(submitted.run, opened=submitted.tickets))
 
 
 @api.post(

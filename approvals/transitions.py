@@ -138,12 +138,19 @@ def _update_returning(sql: str, params, *, returning: str, using: str) -> list[t
 
 
 def update_pair(
-    first: QuerySet, first_values: dict, then: QuerySet, then_values: dict, *, link: str
+    first: QuerySet,
+    first_values: dict,
+    then: QuerySet,
+    then_values: dict,
+    *,
+    link: str,
+    linked_to: str = "pk",
 ) -> tuple[int, int]:
     """first.update(**first_values), then, when it changed a row, then.update(**then_values).
-    link names then's column that points at first's rows: a writer that sends both as one
-    statement (audit.chain's update_pair_holding_head) confines then to the rows first changed;
-    here then's queryset already names them."""
+    link names then's column that points at first's rows, linked_to the column of first's rows
+    it holds (their pk unless named): a writer that sends both as one statement (audit.chain's
+    update_pair_holding_head) confines then to the rows whose link is the linked_to of a row
+    first changed; here then's queryset already names them."""
     moved = first.update(**first_values)
     return moved, then.update(**then_values) if moved else 0
 
@@ -202,6 +209,37 @@ def move_tickets(tickets: QuerySet[Ticket], *, to: str, write: Update = _update,
     Raises TransitionError when no status may move to `to`.
     """
     return write(_movable_tickets(tickets, to), status=to, **fields)
+
+
+def decide_ticket(
+    tickets: QuerySet[Ticket],
+    *,
+    to: str,
+    runs: QuerySet[Run],
+    run_to: str,
+    write: UpdatePair = update_pair,
+    run_fields: dict | None = None,
+    **fields,
+) -> tuple[int, int]:
+    """move_tickets() of `tickets` to a decision, then, if one moved, move_runs() of `runs` (the
+    ticket's run, under the caller's conditions: execution.queue's rule that nothing else of
+    its state is pending) to `run_to`, confined to the runs of the tickets that moved. Returns
+    how many tickets and how many runs moved. write: how the two are sent (see UpdatePair);
+    audit.chain's update_pair_holding_head sends them as one statement with the chain head's
+    lock, last. Sent as one statement, the runs' conditions read the tickets as they were
+    before it: a condition on the tickets must leave out the ones this decides.
+
+    Raises TransitionError as move_runs() and move_tickets() do.
+    """
+    run_fields = {"updated_at": timezone.now(), **(run_fields or {})}
+    return write(
+        _movable_tickets(tickets, to),
+        {"status": to, **fields},
+        _movable_runs(runs, run_to),
+        {"status": run_to, **run_fields},
+        link="id",
+        linked_to="run_id",
+    )
 
 
 def create_run(**fields) -> Run:

@@ -351,11 +351,18 @@ def update_queryset_holding_head(queryset: QuerySet, **values: Any) -> int:
 
 
 def update_pair_holding_head(
-    first: QuerySet, first_values: dict, then: QuerySet, then_values: dict, *, link: str
+    first: QuerySet,
+    first_values: dict,
+    then: QuerySet,
+    then_values: dict,
+    *,
+    link: str,
+    linked_to: str = "pk",
 ) -> tuple[int, int]:
     """transitions.update_pair(): first.update(**first_values), then then.update(**then_values)
-    confined to the rows whose `link` column names a row first changed; how many rows each
-    changed.
+    confined to the rows whose `link` column holds the `linked_to` column (the pk unless named)
+    of a row first changed; how many rows each changed. Both read the rows as they were before
+    the statement: then's conditions do not see what first changes.
 
     On PostgreSQL one statement, which also locks the tenant row of the rows first changed and
     reads its audit head, as update_holding_head() does: the rows first changes are locked
@@ -371,21 +378,30 @@ def update_pair_holding_head(
         raise RuntimeError("update_pair_holding_head must run inside a transaction")
     if conn.vendor == "postgresql":
         return _update_pair_holding_head_postgres(
-            conn, first, first_values, then, then_values, link
+            conn, first, first_values, then, then_values, link, linked_to
         )
-    return transitions.update_pair(first, first_values, then, then_values, link=link)
+    return transitions.update_pair(
+        first, first_values, then, then_values, link=link, linked_to=linked_to
+    )
 
 
 def _update_pair_holding_head_postgres(
-    conn, first: QuerySet, first_values: dict, then: QuerySet, then_values: dict, link: str
+    conn,
+    first: QuerySet,
+    first_values: dict,
+    then: QuerySet,
+    then_values: dict,
+    link: str,
+    linked_to: str,
 ) -> tuple[int, int]:
     first_sql, first_params = transitions.update_statement(first, **first_values)
-    linked = then.filter(**{f"{link}__in": RawSQL("SELECT audit_changed FROM first_changed", ())})
+    linked = then.filter(**{f"{link}__in": RawSQL("SELECT audit_linked FROM first_changed", ())})
     then_sql, then_params = transitions.update_statement(linked, **then_values)
     quote = conn.ops.quote_name
-    key = quote(first.model._meta.pk.column)
+    meta = first.model._meta
+    key = quote((meta.pk if linked_to == "pk" else meta.get_field(linked_to)).column)
     statement = (
-        f"WITH first_changed AS ({first_sql} RETURNING {key} AS audit_changed, "
+        f"WITH first_changed AS ({first_sql} RETURNING {key} AS audit_linked, "
         "tenant_id AS audit_tenant), "
         f"then_changed AS ({then_sql} RETURNING 1), "
         f"head AS (SELECT id, audit_seq, audit_head FROM {quote(Tenant._meta.db_table)} "

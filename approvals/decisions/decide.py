@@ -72,24 +72,50 @@ def check_decider(
 
 
 def compare_and_set(
-    ticket: Ticket, *, status: str, user, now, message: str = "", always: bool = False
-) -> None:
-    """Decide a pending, unexpired ticket, or raise why it cannot be decided any more."""
-    won = transitions.move_tickets(
-        Ticket.objects.filter(pk=ticket.pk, expires_at__gt=now),
-        to=status,
-        # The decision's audit event follows in this transaction.
-        write=chain.update_queryset_holding_head,
-        decided_by=user,
-        decided_at=now,
-        decision_message=message,
-        always=always,
+    ticket: Ticket,
+    *,
+    status: str,
+    user,
+    now,
+    message: str = "",
+    always: bool = False,
+    run: Run | None = None,
+) -> str | None:
+    """Decide a pending, unexpired ticket, or raise why it cannot be decided any more.
+
+    run: the ticket's run, locked by the caller. When this was the last pending ticket of its
+    state, the run moves on in the same statement (execution.queue's rule and status); the
+    caller then owes queue.decided(). Returns the status the run moved to, or None.
+    """
+    tickets = Ticket.objects.filter(pk=ticket.pk, expires_at__gt=now)
+    fields = {
+        "decided_by": user,
+        "decided_at": now,
+        "decision_message": message,
+        "always": always,
         # A decision ends whoever was "on it".
-        claimed_by=None,
-        claimed_at=None,
-    )
+        "claimed_by": None,
+        "claimed_at": None,
+    }
+    run_to = queue.decided_status(run) if run is not None else None
+    if run_to is None:
+        # The decision's audit event follows in this transaction.
+        won = transitions.move_tickets(
+            tickets, to=status, write=chain.update_queryset_holding_head, **fields
+        )
+        moved = 0
+    else:
+        won, moved = transitions.decide_ticket(
+            tickets,
+            to=status,
+            runs=queue.decided_runs(run, deciding=ticket.pk),
+            run_to=run_to,
+            run_fields={"updated_at": now},
+            write=chain.update_pair_holding_head,
+            **fields,
+        )
     if won:
-        return
+        return run_to if moved else None
     refuse_unless_pending(Ticket.objects.select_related("decided_by").get(pk=ticket.pk), now)
     raise TicketExpiredError("this ticket could not be decided; reload it")
 
@@ -200,7 +226,9 @@ def decide(
                 ticket.refresh_from_db()
                 return ticket
         status = TicketStatus.APPROVED if approve else TicketStatus.REJECTED
-        compare_and_set(ticket, status=status, user=user, now=now, message=message, always=always)
+        run_to = compare_and_set(
+            ticket, status=status, user=user, now=now, message=message, always=always, run=run
+        )
         detail: dict[str, Any] = {"always": always, "message": message} if message or always else {}
         if approve and (progress.count > 1 or policy.group_rules):
             detail["voters"] = progress.voters
@@ -218,7 +246,9 @@ def decide(
         hints.notify_on_commit(
             ticket.tenant_id, "ticket.decided", ticket=ticket.pk, run=run.pk, status=status
         )
-        queue.queue_if_decided(run, now=now, actor=user)
+        if run_to is not None:
+            # The last pending ticket of its state: the run moved with the decision.
+            queue.decided(run, to=run_to, actor=user)
     # What the rows hold now, without reading them again: the ticket as read under the lock,
     # then what the compare-and-set wrote; its run as locked, then queued (the rest of the run
     # row is read when asked for).

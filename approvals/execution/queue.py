@@ -13,7 +13,7 @@ import logging
 from collections.abc import Callable
 from typing import Protocol
 
-from django.db.models import Exists, OuterRef
+from django.db.models import Exists, OuterRef, QuerySet
 from django_tasks import task
 
 from approvals import transitions
@@ -143,31 +143,50 @@ def enqueue_start(run_id: int) -> None:
     start_run_task.enqueue(run_id)
 
 
+def decided_status(run: Run) -> str | None:
+    """Where the run goes once none of its tickets is pending: queued for a worker, or
+    awaiting its caller (a caller's run, executor caller); None unless it is paused."""
+    if run.status != RunStatus.PAUSED:
+        return None
+    return RunStatus.AWAITING_CALLER if run.executor == RunExecutor.CALLER else RunStatus.QUEUED
+
+
+def decided_runs(run: Run, *, deciding: int | None = None) -> QuerySet[Run]:
+    """The run, while it is paused and no ticket of its current state is pending: the rule of
+    queue_if_decided(). deciding: a ticket being decided in the same statement, which that
+    statement still reads as pending (transitions.decide_ticket)."""
+    pending = Ticket.objects.filter(
+        run_id=OuterRef("pk"),
+        generation=run.state_generation,
+        status=TicketStatus.PENDING,
+    )
+    if deciding is not None:
+        pending = pending.exclude(pk=deciding)
+    return Run.objects.filter(pk=run.pk, status=RunStatus.PAUSED).exclude(Exists(pending))
+
+
 def queue_if_decided(run: Run, *, now, actor=None, actor_name: str = "") -> bool:
     """When no ticket of the run's current state is pending, queue the run and its resume; a
     caller's run (executor caller) instead waits for its caller, with no task: its caller
     fetches the signed decisions and resumes the agent in its own process (runs.remote).
 
     Runs inside the caller's transaction, which holds the run's lock. Side effects: the run's
-    status; audit event run.queued (with a resume task) or run.awaiting_caller (a webhook
-    run.decided); a live hint after commit. Returns whether the run moved.
+    status; then decided()'s. Returns whether the run moved.
     """
-    if run.status != RunStatus.PAUSED:
-        return False
+    to = decided_status(run)
     # One statement: the run moves only while no ticket of its current state is pending.
-    decided = Run.objects.filter(pk=run.pk, status=RunStatus.PAUSED).exclude(
-        Exists(
-            Ticket.objects.filter(
-                run_id=OuterRef("pk"),
-                generation=run.state_generation,
-                status=TicketStatus.PENDING,
-            )
-        )
-    )
-    if run.executor == RunExecutor.CALLER:
-        if not transitions.move_runs(decided, to=RunStatus.AWAITING_CALLER, updated_at=now):
-            return False
-        run.status = RunStatus.AWAITING_CALLER
+    if to is None or not transitions.move_runs(decided_runs(run), to=to, updated_at=now):
+        return False
+    decided(run, to=to, actor=actor, actor_name=actor_name)
+    return True
+
+
+def decided(run: Run, *, to: str, actor=None, actor_name: str = "") -> None:
+    """What follows a run's move to `to` (decided_status()), in the transaction that moved it:
+    run.status; a caller's run gets audit event run.awaiting_caller (a webhook run.decided),
+    any other its resume task and audit event run.queued; a live hint after commit."""
+    run.status = to
+    if to == RunStatus.AWAITING_CALLER:
         chain.append(
             tenant_id=run.tenant_id,
             action="run.awaiting_caller",
@@ -177,21 +196,14 @@ def queue_if_decided(run: Run, *, now, actor=None, actor_name: str = "") -> bool
             outcome=RunStatus.AWAITING_CALLER,
             detail={"generation": run.state_generation},
         )
-        hints.notify_on_commit(
-            run.tenant_id, "run.changed", run=run.pk, status=RunStatus.AWAITING_CALLER
+    else:
+        enqueue_resume(run.pk)
+        chain.append(
+            tenant_id=run.tenant_id,
+            action="run.queued",
+            actor=actor,
+            actor_name=actor_name,
+            run_id=run.pk,
+            outcome=RunStatus.QUEUED,
         )
-        return True
-    if not transitions.move_runs(decided, to=RunStatus.QUEUED, updated_at=now):
-        return False
-    run.status = RunStatus.QUEUED
-    enqueue_resume(run.pk)
-    chain.append(
-        tenant_id=run.tenant_id,
-        action="run.queued",
-        actor=actor,
-        actor_name=actor_name,
-        run_id=run.pk,
-        outcome=RunStatus.QUEUED,
-    )
-    hints.notify_on_commit(run.tenant_id, "run.changed", run=run.pk, status=RunStatus.QUEUED)
-    return True
+    hints.notify_on_commit(run.tenant_id, "run.changed", run=run.pk, status=to)

@@ -6,7 +6,7 @@ import ast
 from pathlib import Path
 
 import pytest
-from django.db import transaction
+from django.db import connection, transaction
 
 from approvals import transitions
 from approvals.audit import chain
@@ -162,6 +162,59 @@ def test_end_run_leaves_decided_tickets_alone(run):
 def test_end_run_refuses_an_unknown_status(run):
     with pytest.raises(transitions.TransitionError, match="'done' is not a status"):
         transitions.end_run(run, Run.objects.filter(pk=run.pk), to="done")
+
+
+WRITERS = {"plain": transitions.update_pair, "holding the head": chain.update_pair_holding_head}
+
+
+def _decide(ticket, run, *, runs=None, to=TicketStatus.APPROVED, write):
+    with transaction.atomic():
+        return transitions.decide_ticket(
+            Ticket.objects.filter(pk=ticket.pk),
+            to=to,
+            runs=runs if runs is not None else Run.objects.filter(pk=run.pk),
+            run_to=RunStatus.QUEUED,
+            write=WRITERS[write],
+            decision_message="fine",
+        )
+
+
+@pytest.mark.parametrize("write", list(WRITERS))
+def test_decide_ticket_moves_the_ticket_then_its_run(run, write):
+    ticket = Ticket.objects.get(run=run)
+    other = paused_run(run.tenant)
+
+    assert _decide(ticket, run, write=write) == (1, 1)
+
+    ticket.refresh_from_db()
+    assert (ticket.status, ticket.decision_message) == (TicketStatus.APPROVED, "fine")
+    assert Run.objects.get(pk=run.pk).status == RunStatus.QUEUED
+    assert Run.objects.get(pk=other.pk).status == RunStatus.PAUSED
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="the one-statement pair")
+def test_decide_ticket_in_one_statement_moves_only_the_run_of_the_ticket_it_moved(run):
+    ticket = Ticket.objects.get(run=run)
+    other = paused_run(run.tenant)
+
+    # The runs' queryset names another run too: the statement confines it to the decided
+    # ticket's run (the plain pair leaves that to the queryset).
+    both = Run.objects.filter(pk__in=[run.pk, other.pk])
+
+    assert _decide(ticket, run, runs=both, write="holding the head") == (1, 1)
+    assert Run.objects.get(pk=run.pk).status == RunStatus.QUEUED
+    assert Run.objects.get(pk=other.pk).status == RunStatus.PAUSED
+
+
+@pytest.mark.parametrize("write", list(WRITERS))
+def test_decide_ticket_that_moves_no_ticket_moves_no_run(run, write):
+    ticket = Ticket.objects.get(run=run)
+    Ticket.objects.filter(pk=ticket.pk).update(status=TicketStatus.REJECTED)
+
+    assert _decide(ticket, run, write=write) == (0, 0)
+
+    assert Ticket.objects.get(pk=ticket.pk).status == TicketStatus.REJECTED
+    assert Run.objects.get(pk=run.pk).status == RunStatus.PAUSED
 
 
 def test_every_status_write_goes_through_transitions():

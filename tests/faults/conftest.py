@@ -110,9 +110,10 @@ def backends(application_name: str) -> list[tuple[int, str, str, str]]:
 
 
 @contextlib.contextmanager
-def row_locked(table: str, pk: int) -> Iterator[None]:
+def row_locked(table: str, pk: int) -> Iterator[int]:
     """Hold SELECT ... FOR UPDATE on one row from a connection of its own (the test's connection
-    stays in autocommit: pg_stat_activity is a snapshot for the length of a transaction)."""
+    stays in autocommit: pg_stat_activity is a snapshot for the length of a transaction); gives
+    that connection's backend pid."""
     import psycopg
 
     from tests.conftest import database_url
@@ -120,9 +121,16 @@ def row_locked(table: str, pk: int) -> Iterator[None]:
     with psycopg.connect(database_url()) as holder:
         holder.execute(f"SELECT id FROM {table} WHERE id = %s FOR UPDATE", [pk])
         try:
-            yield
+            yield holder.info.backend_pid
         finally:
             holder.rollback()
+
+
+def blocked_by(pid: int) -> list[int]:
+    """The backends whose locks the backend pid waits for."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_blocking_pids(%s)", [pid])
+        return list(cursor.fetchone()[0])
 
 
 def terminate_backends(application_name: str) -> int:

@@ -36,6 +36,7 @@ from devtools.processes import ConsoleClient
 from tests.conftest import database_url, subprocess_env
 from tests.faults.conftest import (
     backends,
+    blocked_by,
     no_traceback,
     require_postgres,
     row_locked,
@@ -121,14 +122,16 @@ def test_connection_cut_mid_decision_answers_503_changes_nothing_and_the_retry_w
     answer: dict = {}
     decider = threading.Thread(target=lambda: answer.update(r=client.decide(ticket.pk)))
     # The decision's audit append waits for this lock, its ticket UPDATE already made.
-    with row_locked("approvals_tenant", tenant.pk):
+    with row_locked("approvals_tenant", tenant.pk) as holder:
         decider.start()
         waiting = wait_until(
             lambda: [b for b in backends(victim) if b[2] == "Lock"],
             timeout=30,
             what="the server's decision to wait for the tenant's row lock",
         )
-        assert "approvals_tenant" in waiting[0][3], waiting
+        # The decision's compare-and-set, waiting for the tenant's row and nothing else.
+        assert "approvals_ticket" in waiting[0][3], waiting
+        assert blocked_by(waiting[0][0]) == [holder], waiting
         killed = terminate_backends(victim)
     decider.join(timeout=30)
 

@@ -186,24 +186,16 @@ def decided(run: Run, *, to: str, actor=None, actor_name: str = "") -> None:
     run.status; a caller's run gets audit event run.awaiting_caller (a webhook run.decided),
     any other its resume task and audit event run.queued; a live hint after commit."""
     run.status = to
-    if to == RunStatus.AWAITING_CALLER:
-        chain.append(
-            tenant_id=run.tenant_id,
-            action="run.awaiting_caller",
-            actor=actor,
-            actor_name=actor_name,
-            run_id=run.pk,
-            outcome=RunStatus.AWAITING_CALLER,
-            detail={"generation": run.state_generation},
-        )
-    else:
+    caller = to == RunStatus.AWAITING_CALLER
+    if not caller:
         enqueue_resume(run.pk)
-        chain.append(
-            tenant_id=run.tenant_id,
-            action="run.queued",
-            actor=actor,
-            actor_name=actor_name,
-            run_id=run.pk,
-            outcome=RunStatus.QUEUED,
-        )
+    chain.append(
+        tenant_id=run.tenant_id,
+        action="run.awaiting_caller" if caller else "run.queued",
+        actor=actor,
+        actor_name=actor_name,
+        run_id=run.pk,
+        outcome=to,
+        detail={"generation": run.state_generation} if caller else None,
+    )
     hints.notify_on_commit(run.tenant_id, "run.changed", run=run.pk, status=to)

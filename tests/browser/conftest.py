@@ -105,6 +105,15 @@ def live_server_only(request, browser_users) -> Iterator[LiveConsole]:
     yield from _live_console(request, worker=False)
 
 
+def approve_confirmed(page, form: str = "#decide-form") -> None:
+    """Click the form's approve button and confirm in the dialog console.js opens. Waits for
+    the page's load event first: console.js is deferred, and a click before it runs submits
+    the form with no dialog (after a link's click, the new URL shows before the script runs)."""
+    page.wait_for_load_state("load")
+    page.click(f"{form} button.approve")
+    page.locator("dialog.confirm[open] button.approve").click()
+
+
 def screenshot(page, name: str, *, docs: str | None = None) -> Path:
     """Save a full-page screenshot under test-artifacts/; with UPDATE_SCREENSHOTS=1, also copy
     it to docs/screenshots/<docs>.png for the README."""

@@ -14,7 +14,13 @@ import pytest
 from django.conf import settings
 
 from approvals.models import AuditEvent, Run, RunStatus, TicketStatus
-from tests.browser.conftest import TIMEOUT_MS, chromium_skip_reason, new_page, screenshot
+from tests.browser.conftest import (
+    TIMEOUT_MS,
+    approve_confirmed,
+    chromium_skip_reason,
+    new_page,
+    screenshot,
+)
 from tests.support import (
     PASSWORD,
     TenantFactory,
@@ -76,8 +82,7 @@ def test_a_caller_script_waits_while_a_person_approves_in_the_browser(
             expect(page).to_have_url(re.compile(rf"/tickets/{ticket.pk}/$"))
             expect(page.locator("#digest-check")).to_contain_text("Digest verified.")
             expect(page.locator("table.args")).to_contain_text("production")
-            page.click("#decide-form button.approve")
-            page.locator("dialog.confirm[open] button.approve").click()
+            approve_confirmed(page)
 
             expect(page).to_have_url(re.compile(rf"/runs/{run_id}/$"))
             expect(page.locator(".flash")).to_contain_text(

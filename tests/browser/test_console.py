@@ -20,7 +20,13 @@ from approvals.decisions.decide import decide
 from approvals.models import AuditEvent, Run, RunStatus, Ticket, TicketStatus
 from approvals.runs.resume import resume
 from devtools import demo
-from tests.browser.conftest import TIMEOUT_MS, chromium_skip_reason, new_page, screenshot
+from tests.browser.conftest import (
+    TIMEOUT_MS,
+    approve_confirmed,
+    chromium_skip_reason,
+    new_page,
+    screenshot,
+)
 from tests.support import PASSWORD, TenantFactory, member, paused_run
 
 pytestmark = [
@@ -192,8 +198,7 @@ def test_a_decided_ticket_leaves_another_approvers_queue_live(console_browser, l
 
         alice_page.click(f"#ticket-row-{leaving_ticket.pk} a.row-link")
         expect(alice_page).to_have_url(re.compile(rf"/tickets/{leaving_ticket.pk}/$"))
-        alice_page.click("#decide-form button.approve")
-        alice_page.locator("dialog.confirm[open] button.approve").click()
+        approve_confirmed(alice_page)
         expect(alice_page).to_have_url(re.compile(rf"/runs/{leaving.pk}/$"))
 
         bob_page.wait_for_selector(f"#ticket-row-{leaving_ticket.pk}", state="detached")

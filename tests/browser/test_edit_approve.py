@@ -9,7 +9,7 @@ import pytest
 
 from approvals.models import AuditEvent, PreAuthorization, Run, RunStatus, Ticket, TicketStatus
 from devtools import demo
-from tests.browser.conftest import chromium_skip_reason, new_page, screenshot
+from tests.browser.conftest import approve_confirmed, chromium_skip_reason, new_page, screenshot
 from tests.browser.test_console import _people, _sign_in, _wait_live, expect
 from tests.support import paused_run
 
@@ -42,16 +42,14 @@ def test_an_edited_deployment_is_pre_authorised_and_runs_with_the_edited_release
         expect(page.locator("#id_arg__release")).to_have_value(RELEASE)
 
         page.locator("#id_arg__release").fill("")  # a mistake first: nothing is sent
-        page.click("#edit-form button.approve")
-        page.locator("dialog.confirm[open] button.approve").click()
+        approve_confirmed(page, "#edit-form")
         expect(page.locator("#arg__release-error")).to_have_text("This argument is required.")
         expect(page.locator("#id_arg__environment")).to_have_value("production")
 
         page.locator("#id_arg__release").fill(EDITED)
         page.locator("#id_message").fill("Ship the hotfix build instead.")
         screenshot(page, "edit-1-form")
-        page.click("#edit-form button.approve")
-        page.locator("dialog.confirm[open] button.approve").click()
+        approve_confirmed(page, "#edit-form")
 
         expect(page).to_have_url(re.compile(rf"/runs/{run.pk}/$"))
         _wait_live(page)

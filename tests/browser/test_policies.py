@@ -9,7 +9,7 @@ import pytest
 
 from approvals.models import ApprovalPolicy, Run, RunStatus, Ticket, TicketStatus, TicketVote
 from devtools import demo
-from tests.browser.conftest import chromium_skip_reason, new_page, screenshot
+from tests.browser.conftest import approve_confirmed, chromium_skip_reason, new_page, screenshot
 from tests.browser.test_console import PROMPT, _mark_loaded, _sign_in, _wait_live, expect
 from tests.support import TenantFactory, member, paused_run
 
@@ -21,8 +21,7 @@ pytestmark = [
 
 
 def _approve(page) -> None:
-    page.click("#decide-form button.approve")
-    page.locator("dialog.confirm[open] button.approve").click()
+    approve_confirmed(page)
 
 
 def test_two_approvals_set_by_an_admin_two_approve_a_third_watches(console_browser, live_console):

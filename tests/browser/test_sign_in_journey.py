@@ -20,6 +20,7 @@ from approvals.models import AuditEvent, Membership, Role, Ticket, TicketStatus
 from approvals.policies.versions import save_policy
 from tests.accounts.oidc_provider import oidc_provider, oidc_server  # noqa: F401
 from tests.browser.conftest import (
+    approve_confirmed,
     chromium_skip_reason,
     new_page,
     passkey_page,
@@ -43,8 +44,7 @@ def _approve(page, ticket: Ticket, message: str = "") -> None:
     page.goto(f"/tickets/{ticket.pk}/")
     if message:
         page.fill("#id_message", message)
-    page.click("#decide-form button.approve")
-    page.click("dialog.confirm[open] button.approve")
+    approve_confirmed(page)
 
 
 def test_sso_passkey_and_step_up_for_production_only(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import zlib
 from types import SimpleNamespace
 
 import pytest
@@ -183,6 +184,24 @@ def test_pause_run_state_ciphertext_does_not_contain_the_prompt(ring):
     assert state["original_input"] == "Deploy release 2026.07.24 to production"
     assert b"2026.07.24" not in bytes(run.state_ciphertext)
     assert b"deploy_release" not in bytes(run.state_ciphertext)
+
+
+def test_seal_compresses_at_zlibs_fastest_level(ring):
+    """Every pause pays for the compression: level 1 (a third of the default's time on a
+    100-turn state, about as small). The blob holds exactly level 1's stream, under GCM."""
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    plaintext = json.dumps(
+        {"turns": [{"role": "assistant", "text": "x" * 40 + str(n)} for n in range(200)]}
+    ).encode()
+
+    sealed = crypto.seal(plaintext, purpose=PURPOSE, tenant=1)
+
+    aad = crypto.associated_data(purpose=PURPOSE, key_id="k1", tenant=1)
+    compressed = AESGCM(K1).decrypt(sealed.nonce, sealed.ciphertext, aad)
+    assert compressed == zlib.compress(plaintext, 1)
+    assert compressed != zlib.compress(plaintext)
+    assert crypto.open_sealed(sealed, purpose=PURPOSE, tenant=1) == plaintext
 
 
 @pytest.mark.django_db

@@ -103,7 +103,6 @@ def compare_and_set(
         won = transitions.move_tickets(
             tickets, to=status, write=chain.update_queryset_holding_head, **fields
         )
-        moved = 0
     else:
         won, moved = transitions.decide_ticket(
             tickets,
@@ -114,8 +113,10 @@ def compare_and_set(
             write=chain.update_pair_holding_head,
             **fields,
         )
+        # Another ticket of its state still pending: the run stays where it is.
+        run_to = run_to if moved else None
     if won:
-        return run_to if moved else None
+        return run_to
     refuse_unless_pending(Ticket.objects.select_related("decided_by").get(pk=ticket.pk), now)
     raise TicketExpiredError("this ticket could not be decided; reload it")
 

@@ -235,9 +235,12 @@ def test_decide_queues_the_run_only_when_its_last_ticket_is_decided():
     assert resume_tasks(run) == []
     assert list(AuditEvent.objects.filter(action="run.queued")) == []
 
-    decide(production, user=approver, approve=False, message="Not on a Friday.")
+    decided = decide(production, user=approver, approve=False, message="Not on a Friday.")
 
-    assert Run.objects.get(pk=run.pk).status == RunStatus.QUEUED
+    queued = Run.objects.get(pk=run.pk)
+    assert queued.status == RunStatus.QUEUED
+    # The run's move is dated by the decision that made it.
+    assert queued.updated_at == decided.decided_at
     assert len(resume_tasks(run)) == 1
     assert AuditEvent.objects.filter(run_id=run.pk, action="run.queued").count() == 1
 

@@ -7,7 +7,7 @@ import pytest
 from django.db import connection
 
 from approvals.decisions.decide import decide
-from approvals.models import Role, RunStatus, Ticket
+from approvals.models import Role, Run, RunStatus, Ticket, TicketStatus
 from approvals.runs import lease
 from approvals.runs.pause import pause_run
 from approvals.runs.resume import resume
@@ -115,6 +115,31 @@ def test_statements_of_a_decision_that_queues_its_run():
     # the run's (on PostgreSQL both in one statement with their head as the transaction ends).
     # On SQLite an append is three statements.
     expected = {"postgresql": 9, "sqlite": 16}[connection.vendor]
+    assert counts["main"] + counts["other"] == expected, counts.log
+
+
+def test_statements_of_a_decision_on_a_run_that_is_not_paused():
+    tenant = TenantFactory(slug="acme")
+    approver = member(tenant, Role.APPROVER, "ann")
+    requester = member(tenant, Role.VIEWER, "req")
+    decide(
+        Ticket.objects.get(run=paused_run(tenant, requested_by=requester)),
+        user=approver,
+        approve=True,
+    )
+    run = paused_run(tenant, requested_by=requester)
+    # Parked by the worker meanwhile: a decision still records, and moves no run.
+    Run.objects.filter(pk=run.pk).update(status=RunStatus.NEEDS_ATTENTION)
+    ticket = Ticket.objects.get(run=run)
+
+    with queries.counting() as counts:
+        decide(ticket, user=approver, approve=True)
+
+    assert Run.objects.get(pk=run.pk).status == RunStatus.NEEDS_ATTENTION
+    assert Ticket.objects.get(pk=ticket.pk).status == TicketStatus.APPROVED
+    # As a decision that queues its run, less the run's move and its task: the compare-and-set
+    # of the ticket alone (with the audit head's lock on PostgreSQL), then its audit event.
+    expected = {"postgresql": 8, "sqlite": 11}[connection.vendor]
     assert counts["main"] + counts["other"] == expected, counts.log
 
 

@@ -90,16 +90,22 @@ def test_a_pause_of_two_calls_costs_what_a_pause_of_one_costs():
     assert Ticket.objects.filter(run__tenant=tenant).count() == 1 + 1 + 2
 
 
-def test_statements_of_a_decision_that_queues_its_run():
-    tenant = TenantFactory(slug="acme")
+def _decider_after_a_first_decision(tenant):
+    """An approver and a requester, after the process's first decision, which reads what later
+    ones find cached."""
     approver = member(tenant, Role.APPROVER, "ann")
     requester = member(tenant, Role.VIEWER, "req")
-    # The first decision of the process reads what later ones find cached.
     decide(
         Ticket.objects.get(run=paused_run(tenant, requested_by=requester)),
         user=approver,
         approve=True,
     )
+    return approver, requester
+
+
+def test_statements_of_a_decision_that_queues_its_run():
+    tenant = TenantFactory(slug="acme")
+    approver, requester = _decider_after_a_first_decision(tenant)
     ticket = Ticket.objects.get(run=paused_run(tenant, requested_by=requester))
 
     with queries.counting() as counts:
@@ -120,13 +126,7 @@ def test_statements_of_a_decision_that_queues_its_run():
 
 def test_statements_of_a_decision_on_a_run_that_is_not_paused():
     tenant = TenantFactory(slug="acme")
-    approver = member(tenant, Role.APPROVER, "ann")
-    requester = member(tenant, Role.VIEWER, "req")
-    decide(
-        Ticket.objects.get(run=paused_run(tenant, requested_by=requester)),
-        user=approver,
-        approve=True,
-    )
+    approver, requester = _decider_after_a_first_decision(tenant)
     run = paused_run(tenant, requested_by=requester)
     # Parked by the worker meanwhile: a decision still records, and moves no run.
     Run.objects.filter(pk=run.pk).update(status=RunStatus.NEEDS_ATTENTION)

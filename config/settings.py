@@ -134,9 +134,13 @@ TEMPLATES = [
 
 _database_url = env_str("DATABASE_URL")
 DATABASES = {
-    # Pooled PostgreSQL connections per process (0: a new connection for each request/task).
+    # Pooled PostgreSQL connections per process (0: a new connection for each request/task),
+    # which prepare the statements they run again (off for an old PgBouncer: docs/DEPLOY.md).
     "default": database_from_url(
-        _database_url, base_dir=BASE_DIR, pool_size=env_int("DATABASE_POOL_SIZE", 8)
+        _database_url,
+        base_dir=BASE_DIR,
+        pool_size=env_int("DATABASE_POOL_SIZE", 8),
+        prepared_statements=env_bool("DATABASE_PREPARED_STATEMENTS", default=True),
     )
     if _database_url
     else sqlite_database(BASE_DIR / "db.sqlite3")

@@ -305,6 +305,7 @@ async def decision_hints(communicator) -> dict[str, str]:
 SETTINGS_VARIABLES = (
     "APPROVALS_ENV",
     "DATABASE_URL",
+    "DATABASE_PREPARED_STATEMENTS",
     "DJANGO_SECRET_KEY",
     "APPROVALS_ENCRYPTION_KEYS",
     "APPROVALS_AUDIT_KEYS",

@@ -29,6 +29,12 @@ KEY_C = base64.urlsafe_b64encode(b"c" * 32).decode()
 
 
 def _manage_check(**overrides: str | None) -> subprocess.CompletedProcess:
+    return _manage("check", **overrides)
+
+
+def _manage(*command: str, **overrides: str | None) -> subprocess.CompletedProcess:
+    """manage.py with these arguments, in an environment with every setting good but the
+    overrides (None: unset)."""
     env = {k: v for k, v in os.environ.items() if k not in SETTINGS_VARIABLES}
     # Every secret set, so that development settings never write .dev-keys.env.
     env.update(
@@ -45,7 +51,7 @@ def _manage_check(**overrides: str | None) -> subprocess.CompletedProcess:
         else:
             env[name] = value
     return subprocess.run(
-        [sys.executable, "manage.py", "check"],
+        [sys.executable, "manage.py", *command],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -240,9 +246,47 @@ def test_database_from_url_postgres_full_url():
         "CONN_MAX_AGE": 0,
         "CONN_HEALTH_CHECKS": False,
         "DISABLE_SERVER_SIDE_CURSORS": False,
-        "OPTIONS": {"sslmode": "require"},
+        "OPTIONS": {"sslmode": "require", "server_side_binding": True, "prepare_threshold": 1},
         "TEST": {"NAME": "test_approvals"},
     }
+
+
+def test_database_from_url_postgres_prepares_statements_unless_told_not_to():
+    url = "postgres://postgres@127.0.0.1/approvals"
+
+    prepared = database_from_url(url, base_dir=BASE)["OPTIONS"]
+    unprepared = database_from_url(url, base_dir=BASE, prepared_statements=False)["OPTIONS"]
+
+    # Django binds on the client and never prepares (prepare_threshold None) by default.
+    assert (prepared["server_side_binding"], prepared["prepare_threshold"]) == (True, 1)
+    assert "server_side_binding" not in unprepared
+    assert "prepare_threshold" not in unprepared
+
+
+def test_database_from_url_sqlite_has_nothing_to_prepare():
+    config = database_from_url("sqlite:///var/console.sqlite3", base_dir=BASE)
+
+    assert "server_side_binding" not in config["OPTIONS"]
+    assert "prepare_threshold" not in config["OPTIONS"]
+
+
+@pytest.mark.parametrize(("value", "expected"), [(None, (True, 1)), ("0", (None, None))])
+def test_database_prepared_statements_variable_turns_them_off(value, expected):
+    code = (
+        "from django.conf import settings; o = settings.DATABASES['default']['OPTIONS']; "
+        "print(o.get('server_side_binding'), o.get('prepare_threshold'))"
+    )
+    result = _manage(
+        "shell",
+        "-c",
+        code,
+        DATABASE_URL="postgres://postgres@127.0.0.1:5432/approvals",
+        DATABASE_PREPARED_STATEMENTS=value,
+    )
+
+    assert (result.returncode, result.stderr) == (0, "")
+    # The last line: Django's shell first says what it imported.
+    assert result.stdout.splitlines()[-1].split() == [str(v) for v in expected]
 
 
 def test_database_from_url_with_a_pool_size_pools_checked_connections():
@@ -272,7 +316,8 @@ def test_database_from_url_postgres_minimal_url(scheme):
         "postgres",
         "",
     )
-    assert (config["HOST"], config["PORT"], config["OPTIONS"]) == ("127.0.0.1", "", {})
+    assert (config["HOST"], config["PORT"]) == ("127.0.0.1", "")
+    assert config["OPTIONS"] == {"server_side_binding": True, "prepare_threshold": 1}
 
 
 def test_database_from_url_postgres_without_a_name_is_refused():

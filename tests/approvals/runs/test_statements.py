@@ -154,3 +154,31 @@ def test_statements_of_a_release():
     # The run given back (with the audit head's lock on PostgreSQL) and its audit event.
     expected = {"postgresql": 2, "sqlite": 5}[connection.vendor]
     assert counts["main"] + counts["other"] == expected, counts.log
+
+
+@pytest.mark.skipif(
+    connection.vendor != "postgresql", reason="PostgreSQL's prepared statements (config.env)"
+)
+def test_a_statement_a_connection_runs_again_is_run_from_its_prepared_plan():
+    tenant = TenantFactory(slug="acme")
+
+    def read_paused() -> list[Run]:
+        return list(Run.objects.filter(tenant=tenant, status=RunStatus.PAUSED))
+
+    def prepared() -> list[str]:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT statement FROM pg_prepared_statements WHERE statement LIKE %s",
+                ['%FROM "approvals_run" WHERE%'],
+            )
+            return [row[0] for row in cursor.fetchall()]
+
+    read_paused()
+    assert prepared() == []
+    read_paused()
+
+    # Bound by the server ($1, $2), prepared the second time, and planned no more after that.
+    [statement] = prepared()
+    assert statement.endswith(
+        'WHERE ("approvals_run"."status" = $1 AND "approvals_run"."tenant_id" = $2)'
+    )

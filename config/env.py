@@ -79,7 +79,7 @@ def development_public_url(*, host: str, port: int) -> str:
     return f"http://{host}:{port}"
 
 
-# PostgreSQL prepares a statement the second time a connection runs it; Django's default (None)
+# psycopg prepares a statement the second time a connection runs it; Django's default (None)
 # never does. See database_from_url.
 PREPARE_THRESHOLD = 1
 
@@ -94,11 +94,13 @@ def database_from_url(
     open connection instead of opening one (several milliseconds each).
 
     prepared_statements (PostgreSQL): parameters bound by the server, and a statement a
-    connection has run before executed from its prepared plan (psycopg's prepare_threshold)
-    instead of planned again. Planning the console's queries costs the server more than running
-    them (a ticket read with its run: 0.27 ms to plan, 0.06 ms to run); a pooled connection
-    keeps its plans for every request that borrows it. Off behind a PgBouncer in transaction
-    mode older than 1.21, which cannot carry prepared statements.
+    connection has run before prepared (psycopg's prepare_threshold): parsed once, and planned
+    once when PostgreSQL finds one plan for every value as good (the hot path's reads and
+    updates by key), else planned with each call's values. Planning the console's queries
+    costs the server more than running them (a ticket read with its run: 0.27 ms to plan, 0.06
+    ms to run); a pooled connection keeps its prepared statements for every request that
+    borrows it. Off behind a PgBouncer in transaction mode older than 1.21, which cannot carry
+    prepared statements.
     """
     scheme = urlsplit(url).scheme
     if scheme not in {"postgres", "postgresql", "pgsql", "sqlite"}:

@@ -180,7 +180,7 @@ def test_a_statement_a_connection_runs_again_is_run_from_its_prepared_plan():
     assert prepared() == []
     read_titles()
 
-    # Bound by the server ($1, $2), prepared the second time, and planned no more after that.
+    # Bound by the server ($1, $2), and prepared the second time.
     [statement] = prepared()
     assert statement.endswith(
         'WHERE ("approvals_run"."tenant_id" = $1 AND "approvals_run"."title" = $2)'

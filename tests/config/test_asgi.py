@@ -4,6 +4,8 @@ view's thread per request), with every middleware still in it."""
 from __future__ import annotations
 
 import asyncio
+import threading
+from types import SimpleNamespace
 
 import pytest
 from asgiref.sync import async_to_sync
@@ -69,3 +71,126 @@ def test_a_post_without_its_csrf_token_is_refused_by_the_chain():
     )
 
     assert status == 403
+
+
+# --- the request threads the process keeps ----------------------------------------------------
+
+
+def _scope(path: str, query: bytes = b"") -> dict:
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "GET",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": query,
+        "root_path": "",
+        "headers": [(b"host", b"testserver")],
+        "client": ("127.0.0.1", 50000),
+        "server": ("testserver", 80),
+    }
+
+
+@pytest.fixture
+def served_on(monkeypatch):
+    """The thread each request's chain ran on, in order; a request with ?held=1 waits in its
+    thread until held.release is set (held.started is set once it waits)."""
+    threads: list[threading.Thread] = []
+    held = SimpleNamespace(started=threading.Event(), release=threading.Event(), count=0)
+    original = django_asgi_app.get_response
+
+    def get_response(request):
+        threads.append(threading.current_thread())
+        if request.GET.get("held"):
+            held.count += 1
+            held.started.set()
+            assert held.release.wait(timeout=10), "a held request was never released"
+        return original(request)
+
+    monkeypatch.setattr(django_asgi_app, "get_response", get_response)
+    yield threads, held
+    held.release.set()
+
+
+async def _served(communicator: ApplicationCommunicator) -> int:
+    await communicator.send_input({"type": "http.request", "body": b""})
+    start = await communicator.receive_output(timeout=10)
+    while (await communicator.receive_output(timeout=10)).get("more_body"):
+        pass
+    await communicator.wait(timeout=10)
+    return start["status"]
+
+
+def test_requests_one_after_another_are_served_on_one_kept_thread(served_on):
+    threads, _ = served_on
+
+    first, _, _ = _request("GET", "/login/")
+    second, _, _ = _request("GET", "/login/")
+
+    assert (first, second) == (200, 200)
+    assert len(threads) == 2
+    # One thread, lent to each request in turn: not the server's, not one started per request.
+    assert threads[0] is threads[1]
+    assert threads[0] is not threading.main_thread()
+    assert threads[0].name.startswith("request")
+    assert threads[0].is_alive()
+
+
+def test_a_thread_whose_client_went_away_mid_view_is_never_lent_again(served_on):
+    threads, held = served_on
+
+    async def exchange():
+        gone = ApplicationCommunicator(application, _scope("/login/", b"held=1"))
+        await gone.send_input({"type": "http.request", "body": b""})
+        assert await asyncio.to_thread(held.started.wait, 10)
+        await gone.send_input({"type": "http.disconnect"})
+        # The abandoned view still runs; the next request neither waits behind it nor gets
+        # its thread.
+        status = await _served(ApplicationCommunicator(application, _scope("/login/")))
+        still_held = not held.release.is_set()
+        held.release.set()
+        await gone.wait(timeout=10)
+        return status, still_held
+
+    assert async_to_sync(exchange)() == (200, True)
+    abandoned, next_one = threads
+    assert next_one is not abandoned
+    # Its view done, the abandoned thread ends rather than waiting to be lent again.
+    abandoned.join(timeout=10)
+    assert not abandoned.is_alive()
+    assert next_one.is_alive()
+    assert next_one in [t for e in django_asgi_app._idle for t in e._threads]
+
+
+def test_no_more_threads_are_kept_than_the_idle_limit(served_on, monkeypatch):
+    threads, held = served_on
+    monkeypatch.setattr(django_asgi_app, "IDLE_THREADS", 1)
+    monkeypatch.setattr(django_asgi_app, "_idle", [])
+
+    async def exchange():
+        both = [
+            ApplicationCommunicator(application, _scope("/login/", b"held=1")) for _ in range(2)
+        ]
+        waiting = [asyncio.ensure_future(_served(c)) for c in both]
+
+        def both_held() -> bool:
+            while held.count < 2:
+                if not held.started.wait(timeout=10):
+                    return False
+                held.started.clear()
+            return True
+
+        assert await asyncio.to_thread(both_held)
+        held.release.set()
+        return await asyncio.gather(*waiting)
+
+    assert async_to_sync(exchange)() == [200, 200]
+    # Two requests at once had a thread each; one thread is kept, the other ends.
+    assert len(set(threads)) == 2
+    kept = [t for e in django_asgi_app._idle for t in e._threads]
+    assert len(kept) == 1 and kept[0] in threads
+    ended = next(t for t in threads if t is not kept[0])
+    ended.join(timeout=10)
+    assert not ended.is_alive()

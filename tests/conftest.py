@@ -19,6 +19,7 @@ from django.db import DEFAULT_DB_ALIAS, DatabaseError, connection, connections
 from django.db.migrations.executor import MigrationExecutor
 
 from approvals.audit import guard
+from approvals.core import statements
 from approvals.live import hints
 from devtools.management.commands.webhook_receiver import make_server
 from devtools.processes import child_env, database_url  # noqa: F401 - tests import them here
@@ -37,6 +38,11 @@ def _fresh_thread_sensitive_executor() -> None:
 
 
 os.register_at_fork(after_in_child=_fresh_thread_sensitive_executor)
+
+# Every statement written once per shape is also written by the ORM on each call and compared
+# (core.statements), here and in the processes the tests start.
+os.environ["APPROVALS_CHECK_STATEMENTS"] = "1"
+statements.CHECKING = True
 
 
 _DATABASE_FIXTURES = {"db", "transactional_db", "live_server", "django_db_reset_sequences"}

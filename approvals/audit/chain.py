@@ -394,10 +394,29 @@ def _update_pair_holding_head_postgres(
     link: str,
     linked_to: str,
 ) -> tuple[int, int]:
+    sql, params = pair_statement(
+        first, first_values, then, then_values, link=link, linked_to=linked_to
+    )
+    return send_pair_holding_head(sql, params, using=conn.alias)
+
+
+def pair_statement(
+    first: QuerySet,
+    first_values: dict,
+    then: QuerySet,
+    then_values: dict,
+    *,
+    link: str,
+    linked_to: str = "pk",
+) -> tuple[str, list[Any]]:
+    """The one PostgreSQL statement of update_pair_holding_head(), and its parameters, unsent:
+    for a caller that writes it once per shape (core.statements) and sends it with
+    send_pair_holding_head(). Its arguments are update_pair_holding_head()'s, so it also serves
+    as a transitions.UpdatePair writer that returns the statement instead of running it."""
     first_sql, first_params = transitions.update_statement(first, **first_values)
     linked = then.filter(**{f"{link}__in": RawSQL("SELECT audit_linked FROM first_changed", ())})
     then_sql, then_params = transitions.update_statement(linked, **then_values)
-    quote = conn.ops.quote_name
+    quote = connections[first.db].ops.quote_name
     meta = first.model._meta
     key = quote((meta.pk if linked_to == "pk" else meta.get_field(linked_to)).column)
     statement = (
@@ -414,8 +433,19 @@ def _update_pair_holding_head_postgres(
         "head.id, head.audit_seq, head.audit_head "
         "FROM (SELECT 1) AS one LEFT JOIN head ON true"
     )
+    return statement, [*first_params, *then_params]
+
+
+def send_pair_holding_head(
+    sql: str, params: Sequence[Any], *, using: str = DEFAULT_DB_ALIAS
+) -> tuple[int, int]:
+    """Send pair_statement()'s statement, on PostgreSQL inside a transaction, and hold the
+    tenant's audit head it read (update_pair_holding_head()); how many rows each part changed."""
+    conn = connections[using]
+    if not conn.in_atomic_block:
+        raise RuntimeError("send_pair_holding_head must run inside a transaction")
     with conn.cursor() as cursor:
-        cursor.execute(statement, (*first_params, *then_params))
+        cursor.execute(sql, params)
         rows = cursor.fetchall()
     heads = {row[2:] for row in rows}
     if len(heads) == 1:

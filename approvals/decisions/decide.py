@@ -5,10 +5,13 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from django.db import connection
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from approvals import members, transitions
 from approvals.audit import chain
+from approvals.core import statements
 from approvals.decisions import calls, digest, factors, stepup
 from approvals.decisions.errors import (
     AlreadyDecidedError,
@@ -87,38 +90,76 @@ def compare_and_set(
     state, the run moves on in the same statement (execution.queue's rule and status); the
     caller then owes queue.decided(). Returns the status the run moved to, or None.
     """
-    tickets = Ticket.objects.filter(pk=ticket.pk, expires_at__gt=now)
-    fields = {
-        "decided_by": user,
-        "decided_at": now,
-        "decision_message": message,
-        "always": always,
-        # A decision ends whoever was "on it".
-        "claimed_by": None,
-        "claimed_at": None,
+    values = {
+        "ticket": ticket.pk,
+        "user": user.pk,
+        "now": now,
+        "message": message,
     }
     run_to = queue.decided_status(run) if run is not None else None
     if run_to is None:
         # The decision's audit event follows in this transaction.
         won = transitions.move_tickets(
-            tickets, to=status, write=chain.update_queryset_holding_head, **fields
+            _deciding(values),
+            to=status,
+            write=chain.update_queryset_holding_head,
+            **_decision(values, always=always),
         )
     else:
-        won, moved = transitions.decide_ticket(
-            tickets,
-            to=status,
-            runs=queue.decided_runs(run, deciding=ticket.pk),
-            run_to=run_to,
-            run_fields={"updated_at": now},
-            write=chain.update_pair_holding_head,
-            **fields,
-        )
+        won, moved = _decide_with_run(values, run, status=status, run_to=run_to, always=always)
         # Another ticket of its state still pending: the run stays where it is.
         run_to = run_to if moved else None
     if won:
         return run_to
     refuse_unless_pending(Ticket.objects.select_related("decided_by").get(pk=ticket.pk), now)
     raise TicketExpiredError("this ticket could not be decided; reload it")
+
+
+def _deciding(values) -> QuerySet[Ticket]:
+    """The ticket a decision moves, while it has not expired."""
+    return Ticket.objects.filter(pk=values["ticket"], expires_at__gt=values["now"])
+
+
+def _decision(values, *, always: bool) -> dict[str, Any]:
+    """What a decision writes on its ticket, beside the status."""
+    return {
+        "decided_by_id": values["user"],
+        "decided_at": values["now"],
+        "decision_message": values["message"],
+        "always": always,
+        # A decision ends whoever was "on it".
+        "claimed_by": None,
+        "claimed_at": None,
+    }
+
+
+def _decide_with_run(
+    values: dict[str, Any], run: Run, *, status: str, run_to: str, always: bool
+) -> tuple[int, int]:
+    """compare_and_set()'s move of the ticket and, when nothing else of its state is pending, of
+    its run (transitions.decide_ticket, with the chain head's lock): how many of each moved.
+    On PostgreSQL its one statement is written once per shape (core.statements); every decision
+    sends it with its own ticket, run, person, time and message."""
+
+    def build(values, write=chain.pair_statement):
+        return transitions.decide_ticket(
+            _deciding(values),
+            to=status,
+            runs=queue.decided_runs(
+                Run(pk=values["run"], state_generation=values["generation"]),
+                deciding=values["ticket"],
+            ),
+            run_to=run_to,
+            run_fields={"updated_at": values["now"]},
+            write=write,
+            **_decision(values, always=always),
+        )
+
+    values = {**values, "run": run.pk, "generation": run.state_generation}
+    if connection.vendor != "postgresql":
+        return build(values, write=chain.update_pair_holding_head)
+    key = ("decide.compare_and_set", status, run_to, always)
+    return chain.send_pair_holding_head(*statements.statement(key, build, values))
 
 
 def decide(

@@ -23,11 +23,17 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from django.core.exceptions import EmptyResultSet
+from django.db import connections
+from django.db.models import Model, QuerySet
+from django.db.models.query import MAX_GET_RESULTS, ModelIterable, get_related_populators
+
 # Each call compared with the ORM's own statement: the test suite turns it on (tests/conftest.py,
 # for its own processes and the workers and servers it starts).
 CHECKING = os.environ.get("APPROVALS_CHECK_STATEMENTS") == "1"
 
 Build = Callable[[Mapping[str, Any]], tuple[str, Sequence[Any]]]
+BuildQuerySet = Callable[[Mapping[str, Any]], QuerySet]
 
 
 class StatementDrift(AssertionError):
@@ -45,11 +51,21 @@ class _Written:
     slots: tuple[tuple[int, str, type | None], ...]
 
     def filled(self, values: Mapping[str, Any]) -> tuple[str, tuple[Any, ...]]:
+        """The statement with these values. EmptyResultSet, as the ORM raises it, for an integer
+        no column of its type holds (a pk from a URL): the statement would find nothing."""
         params = list(self.params)
         for position, name, wrap in self.slots:
             value = values[name]
+            if isinstance(value, int):
+                bits = _INTEGER_BITS.get(wrap.__name__, 64) if wrap is not None else 64
+                if not -(2 ** (bits - 1)) <= value < 2 ** (bits - 1):
+                    raise EmptyResultSet(f"{name} {value} is out of its column's range")
             params[position] = value if wrap is None else wrap(value)
         return self.sql, tuple(params)
+
+
+# The integer types psycopg binds a column's value as, by size (64 bits for any other).
+_INTEGER_BITS = {"Int2": 16, "Int4": 32, "Int8": 64}
 
 
 _written: dict[Hashable, _Written] = {}
@@ -103,6 +119,16 @@ def _write(build: Build, values: Mapping[str, Any]) -> _Written:
     return _Written(sql, params, slots)
 
 
+def _once(key: Hashable, write: Callable[[], Any]) -> Any:
+    written = _written.get(key)
+    if written is None:
+        with _lock:
+            written = _written.get(key)
+            if written is None:
+                written = _written[key] = write()
+    return written
+
+
 def statement(
     key: Hashable, build: Build, values: Mapping[str, Any]
 ) -> tuple[str, tuple[Any, ...]]:
@@ -112,27 +138,108 @@ def statement(
     key: everything else the statement depends on (with the caller's name, so two callers never
     share one). values: int, str or aware datetime each (None and bool belong in the key).
     """
-    written = _written.get(key)
-    if written is None:
-        with _lock:
-            written = _written.get(key)
-            if written is None:
-                written = _written[key] = _write(build, values)
-    sql, params = written.filled(values)
+    sql, params = _once(key, lambda: _write(build, values)).filled(values)
     if CHECKING:
-        expected_sql, expected = build(values)
-        expected_params = tuple(expected)
-        # Equal values of other types (5 and Int4(5)) bind differently: the types count too.
-        if (sql, params, [type(p) for p in params]) != (
-            expected_sql,
-            expected_params,
-            [type(p) for p in expected_params],
-        ):
-            raise StatementDrift(
-                f"statement {key!r} drifted from the ORM's:\n{sql}\n{params}\n"
-                f"against\n{expected_sql}\n{expected_params}"
-            )
+        _check(key, sql, params, build(values))
     return sql, params
+
+
+@dataclass(frozen=True)
+class _Read:
+    written: _Written
+    # The compiler that wrote it: which columns make which model (select_related), and how
+    # each column's value is read (the backend's and the fields' converters).
+    compiler: Any
+    db: str
+
+
+def _check(key: Hashable, sql: str, params: tuple, expected: tuple[str, Sequence[Any]]) -> None:
+    expected_sql, expected_params = expected[0], tuple(expected[1])
+    # Equal values of other types (5 and Int4(5)) bind differently: the types count too.
+    if (sql, params, [type(p) for p in params]) != (
+        expected_sql,
+        expected_params,
+        [type(p) for p in expected_params],
+    ):
+        raise StatementDrift(
+            f"statement {key!r} drifted from the ORM's:\n{sql}\n{params}\n"
+            f"against\n{expected_sql}\n{expected_params}"
+        )
+
+
+def _sql_of(queryset: QuerySet) -> tuple[str, Sequence[Any]]:
+    return queryset.query.get_compiler(queryset.db).as_sql()
+
+
+def _write_read(build: BuildQuerySet, values: Mapping[str, Any]) -> _Read:
+    compiler = None
+
+    def written(markers):
+        nonlocal compiler
+        queryset = build(markers)
+        if (
+            queryset._iterable_class is not ModelIterable
+            or queryset._prefetch_related_lookups
+            or queryset._known_related_objects
+        ):
+            raise TypeError("only a queryset of model objects, without prefetches, is read once")
+        compiler = queryset.query.get_compiler(queryset.db)
+        return compiler.as_sql()
+
+    return _Read(_write(written, values), compiler, compiler.using)
+
+
+def objects(key: Hashable, build: BuildQuerySet, values: Mapping[str, Any]) -> list[Model]:
+    """The model objects build(values) would give (build: the read's own queryset code, for the
+    values it is given), its SQL written once per key (see statement()). Select_related rows
+    come with it, as the ORM gives them."""
+    read = _once(key, lambda: _write_read(build, values))
+    try:
+        sql, params = read.written.filled(values)
+    except EmptyResultSet:
+        return []
+    if CHECKING:
+        _check(key, sql, params, _sql_of(build(values)))
+    with connections[read.db].cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+    return list(_model_objects(read, rows))
+
+
+def get(key: Hashable, build: BuildQuerySet, values: Mapping[str, Any]) -> Model:
+    """QuerySet.get() of build(values), through objects(): the one object it reads, else the
+    model's DoesNotExist or MultipleObjectsReturned."""
+
+    def limited(values):
+        queryset = build(values).order_by()
+        if not queryset.query.select_for_update or (
+            connections[queryset.db].features.supports_select_for_update_with_limit
+        ):
+            queryset = queryset[:MAX_GET_RESULTS]
+        return queryset
+
+    found = objects(("get", key), limited, values)
+    if len(found) == 1:
+        return found[0]
+    model = build(values).model if not found else type(found[0])
+    if not found:
+        raise model.DoesNotExist(f"{model._meta.object_name} matching query does not exist.")
+    raise model.MultipleObjectsReturned(f"get() returned more than one {model._meta.object_name}")
+
+
+def _model_objects(read: _Read, rows: list[tuple]):
+    """Rows to model objects, as Django's ModelIterable makes them."""
+    compiler = read.compiler
+    select, klass_info = compiler.select, compiler.klass_info
+    start, end = klass_info["select_fields"][0], klass_info["select_fields"][-1] + 1
+    init_list = [column[0].target.attname for column in select[start:end]]
+    related_populators = get_related_populators(klass_info, select, read.db)
+    model = klass_info["model"]
+    for row in compiler.results_iter([rows]):
+        obj = model.from_db(read.db, init_list, row[start:end])
+        for populator in related_populators:
+            populator.populate(row, obj)
+        yield obj
 
 
 def forget() -> None:

@@ -162,6 +162,20 @@ def _decide_with_run(
     return chain.send_pair_holding_head(*statements.statement(key, build, values))
 
 
+def _run_locked(values) -> QuerySet[Run]:
+    """The run of a ticket being decided, locked (decide()'s read, written once per process)."""
+    return (
+        Run.objects.select_for_update()
+        .only("tenant_id", "status", "state_generation", "executor")
+        .filter(pk=values["run"])
+    )
+
+
+def _current(values) -> QuerySet[Ticket]:
+    """The ticket being decided as it is under its run's lock, with its policy and decider."""
+    return Ticket.objects.select_related("policy", "decided_by").filter(pk=values["ticket"])
+
+
 def decide(
     ticket: Ticket,
     *,
@@ -223,14 +237,10 @@ def decide(
     with hints.batched(), chain.atomic():
         # The run's lock orders decisions on one run, so exactly one of them sees "all decided".
         # Only what is read here: the row also holds the state blob, which need not travel.
-        run = (
-            Run.objects.select_for_update()
-            .only("tenant_id", "status", "state_generation", "executor")
-            .get(pk=ticket.run_id)
-        )
+        run = statements.get("decide.run_lock", _run_locked, {"run": ticket.run_id})
         now = timezone.now()
         # Read under the lock: a policy change or an escalation may have moved the ticket.
-        current = Ticket.objects.select_related("policy", "decided_by").get(pk=ticket.pk)
+        current = statements.get("decide.current", _current, {"ticket": ticket.pk})
         refuse_unless_pending(current, now)
         policy = scopes.policy_of(current)
         refusal = quorum.refusal_for(user, current, policy)
@@ -352,9 +362,15 @@ def refuse_unless_pending(current: Ticket, now) -> None:
     raise AlreadyDecidedError(current)
 
 
+def _valid_votes(values) -> QuerySet[TicketVote]:
+    return TicketVote.objects.filter(
+        ticket_id=values["ticket"], invalidated_at__isnull=True
+    ).select_related("user")
+
+
 def vote(ticket: Ticket, policy: ApprovalPolicy, *, user, now) -> quorum.Progress:
     """Record the user's approval as a vote and return where the quorum stands."""
-    votes = list(ticket.votes.filter(invalidated_at__isnull=True).select_related("user"))
+    votes = statements.objects("decide.votes", _valid_votes, {"ticket": ticket.pk})
     mine = next((v for v in votes if v.user_id == user.pk), None)
     if mine is not None:
         progress = quorum.progress(ticket, policy, votes)

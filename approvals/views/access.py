@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.http import Http404, HttpRequest
 from django_htmx.middleware import HtmxDetails
 
+from approvals.core import statements
 from approvals.models import Membership, Run, Tenant, Ticket
 
 
@@ -15,12 +16,13 @@ class HtmxHttpRequest(HttpRequest):
 def memberships(request: HttpRequest) -> dict[int, Membership]:
     cached = getattr(request, "_console_memberships", None)
     if cached is None:
-        cached = {
-            m.tenant_id: m
-            for m in Membership.objects.filter(user=request.user).select_related("tenant")
-        }
-        request._console_memberships = cached
+        mine = statements.objects("access.memberships", _memberships, {"user": request.user.pk})
+        cached = request._console_memberships = {m.tenant_id: m for m in mine}
     return cached
+
+
+def _memberships(values):
+    return Membership.objects.filter(user_id=values["user"]).select_related("tenant")
 
 
 # What a ticket's page shows beside the ticket, read with it.
@@ -34,8 +36,20 @@ def get_ticket_for_user(
     related: what the caller reads of it (a decision: its run, whose state the digest gate
     opens); anything else is read when first asked for."""
     mine = memberships(request)
+    if not mine:
+        raise Http404("No such ticket.")
+    tenants = {f"tenant{n}": tenant_id for n, tenant_id in enumerate(mine)}
+
+    def read(values):
+        return Ticket.objects.select_related(*related).filter(
+            pk=values["ticket"], tenant_id__in=[values[name] for name in tenants]
+        )
+
     try:
-        ticket = Ticket.objects.select_related(*related).get(pk=pk, tenant_id__in=mine.keys())
+        # The page's read: written once per process for each `related` and number of tenants.
+        ticket = statements.get(
+            ("access.ticket", related, len(tenants)), read, {"ticket": pk, **tenants}
+        )
     except Ticket.DoesNotExist:
         raise Http404("No such ticket.") from None
     return ticket, mine[ticket.tenant_id]

@@ -10,16 +10,16 @@ from django.db import connection
 
 from approvals.core import statements
 from approvals.core.statements import StatementDrift
-from approvals.models import Ticket
+from approvals.models import Membership, Role, Ticket, TicketStatus
+from tests.support import TenantFactory, member, paused_run
 
-pytestmark = [
-    pytest.mark.django_db,
-    # Only PostgreSQL's statements are written once (decide's compare-and-set); on SQLite the
-    # ORM turns a time into text, which the module refuses as a value it cannot mark.
-    pytest.mark.skipif(
-        connection.vendor != "postgresql", reason="statements written once are PostgreSQL's"
-    ),
-]
+pytestmark = pytest.mark.django_db
+
+# Decide's compare-and-set, with a time among its values, is written once on PostgreSQL only: on
+# SQLite the ORM turns a time into text, which the module refuses as a value it cannot mark.
+with_times = pytest.mark.skipif(
+    connection.vendor != "postgresql", reason="a time is a value on PostgreSQL only"
+)
 
 NOW = datetime(2026, 12, 6, 9, 30, tzinfo=UTC)
 
@@ -48,6 +48,7 @@ class Counted:
         return self.build(values)
 
 
+@with_times
 def test_a_statement_is_written_once_and_sent_with_each_calls_values(monkeypatch):
     monkeypatch.setattr(statements, "CHECKING", False)
     build = Counted(_ticket_read)
@@ -67,6 +68,7 @@ def test_a_statement_is_written_once_and_sent_with_each_calls_values(monkeypatch
         assert [type(p) for p in params] == [type(p) for p in expected_params]
 
 
+@with_times
 def test_two_keys_are_two_statements(monkeypatch):
     monkeypatch.setattr(statements, "CHECKING", False)
     build = Counted(_ticket_read)
@@ -79,6 +81,7 @@ def test_two_keys_are_two_statements(monkeypatch):
     assert build.calls == 2
 
 
+@with_times
 def test_a_value_the_orm_changes_is_refused_when_the_statement_is_written(monkeypatch):
     monkeypatch.setattr(statements, "CHECKING", False)
 
@@ -91,6 +94,7 @@ def test_a_value_the_orm_changes_is_refused_when_the_statement_is_written(monkey
         )
 
 
+@with_times
 def test_checking_catches_a_shape_left_out_of_the_key():
     # Whether the message is filtered on changes the statement, but the key does not say so.
     def build(values):
@@ -109,3 +113,77 @@ def test_checking_catches_a_shape_left_out_of_the_key():
 def test_flags_nulls_and_other_types_are_no_values(value):
     with pytest.raises(TypeError):
         statements.statement(("test", "type"), _ticket_read, {"ticket": value})
+
+
+# --- model objects read once per shape ----------------------------------------------------------
+
+
+def _tickets_of_run(values):
+    return (
+        Ticket.objects.select_related("run", "tenant").filter(run_id=values["run"]).order_by("pk")
+    )
+
+
+@pytest.fixture
+def two_runs():
+    tenant = TenantFactory(slug="acme")
+    requester = member(tenant, Role.VIEWER, "req")
+    return [paused_run(tenant, requested_by=requester) for _ in range(2)]
+
+
+def _fields(obj) -> dict:
+    return {f.attname: getattr(obj, f.attname) for f in obj._meta.concrete_fields}
+
+
+def test_objects_are_the_orms_with_their_related_rows(two_runs, django_assert_num_queries):
+    for run in two_runs:
+        with django_assert_num_queries(1):
+            read = statements.objects("test.tickets", _tickets_of_run, {"run": run.pk})
+            # Read with the row: no query for the run or the tenant.
+            related = [(t.run.title, t.tenant.slug) for t in read]
+        orm = list(_tickets_of_run({"run": run.pk}))
+        assert [_fields(t) for t in read] == [_fields(t) for t in orm]
+        assert [_fields(t.run) for t in read] == [_fields(t.run) for t in orm]
+        assert related == [(run.title, "acme")] * len(orm)
+        assert all(t._state.db == "default" and not t._state.adding for t in read)
+
+
+def test_get_is_the_one_object_else_the_models_errors(two_runs):
+    ticket = Ticket.objects.filter(run=two_runs[0]).get()
+
+    def by_status(values):
+        return Ticket.objects.filter(tenant_id=values["tenant"], status=TicketStatus.PENDING)
+
+    def by_pk(values):
+        return Ticket.objects.filter(pk=values["ticket"])
+
+    assert statements.get("test.by_pk", by_pk, {"ticket": ticket.pk}).pk == ticket.pk
+    with pytest.raises(Ticket.DoesNotExist):
+        statements.get("test.by_pk", by_pk, {"ticket": ticket.pk + 1000})
+    with pytest.raises(Ticket.MultipleObjectsReturned):
+        statements.get("test.by_status", by_status, {"tenant": ticket.tenant_id})
+
+
+@pytest.mark.parametrize("forged", [2**63, -(2**63) - 1, 10**30])
+def test_an_integer_beyond_every_column_reads_nothing_and_sends_nothing(
+    two_runs, forged, django_assert_num_queries
+):
+    # Written first with a value in range.
+    statements.objects("test.tickets", _tickets_of_run, {"run": two_runs[0].pk})
+
+    with django_assert_num_queries(0):
+        assert statements.objects("test.tickets", _tickets_of_run, {"run": forged}) == []
+        with pytest.raises(Ticket.DoesNotExist):
+            statements.get("test.tickets", _tickets_of_run, {"run": forged})
+
+
+def test_only_plain_model_querysets_are_read_once(two_runs):
+    def prefetching(values):
+        return Membership.objects.filter(user_id=values["user"]).prefetch_related("tenant")
+
+    def as_values(values):
+        return Membership.objects.filter(user_id=values["user"]).values("role")
+
+    for build in (prefetching, as_values):
+        with pytest.raises(TypeError, match="only a queryset of model objects"):
+            statements.objects(("test", build.__name__), build, {"user": 1})

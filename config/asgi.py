@@ -14,8 +14,8 @@ from django.core.handlers.asgi import ASGIHandler
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 django.setup(set_prefix=False)
 
-# The request being served abandoned its thread: a hop to it was cancelled (the client went
-# away) while the thread may still run the view. Set per request by SyncChainASGIHandler.
+# The request being served abandoned its thread: a hop to it was cancelled while the thread may
+# still run the view. Set per request by SyncChainASGIHandler.
 _abandoned: contextvars.ContextVar[list[bool]] = contextvars.ContextVar("request_abandoned")
 
 
@@ -34,8 +34,11 @@ class SyncChainASGIHandler(ASGIHandler):
     Django's handler gives each request a thread of its own, started for it and joined by
     another thread after it. Here a request borrows one of the process's idle request threads
     (a new one when all are busy) and gives it back once its work there is done; at most
-    IDLE_THREADS wait between requests. A request whose client went away while its view ran
-    leaves its thread to finish that view and end: it is never lent again.
+    IDLE_THREADS wait between requests. When a request's hop to its thread is cancelled (its
+    client went away, or the server cancelled the call) the view may still be running there:
+    that thread finishes it and ends, and is never lent again. (Django's handler itself waits
+    for the view after a disconnect, since its request_finished signal runs on the same thread;
+    a server that cancels the whole call does not wait.)
     """
 
     IDLE_THREADS = 8
@@ -76,7 +79,7 @@ class SyncChainASGIHandler(ASGIHandler):
         try:
             return await sync_to_async(self.get_response, thread_sensitive=True)(request)
         except asyncio.CancelledError:
-            # The view may still run in the thread: the next request must not wait behind it.
+            # The view may still run in the thread: no later request is to queue behind it.
             if (abandoned := _abandoned.get(None)) is not None:
                 abandoned.append(True)
             raise

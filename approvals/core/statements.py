@@ -16,6 +16,7 @@ so each shape the suite runs is compared with the ORM's own statement.
 
 from __future__ import annotations
 
+import copy
 import os
 import threading
 from collections.abc import Callable, Hashable, Mapping, Sequence
@@ -27,6 +28,7 @@ from django.core.exceptions import EmptyResultSet
 from django.db import connections
 from django.db.models import Model, QuerySet
 from django.db.models.query import MAX_GET_RESULTS, ModelIterable, get_related_populators
+from django.db.transaction import TransactionManagementError
 
 # Each call compared with the ORM's own statement: the test suite turns it on (tests/conftest.py,
 # for its own processes and the workers and servers it starts).
@@ -51,8 +53,9 @@ class _Written:
     slots: tuple[tuple[int, str, type | None], ...]
 
     def filled(self, values: Mapping[str, Any]) -> tuple[str, tuple[Any, ...]]:
-        """The statement with these values. EmptyResultSet, as the ORM raises it, for an integer
-        no column of its type holds (a pk from a URL): the statement would find nothing."""
+        """The statement with these values. EmptyResultSet for an integer no column of its type
+        holds (a pk from a URL): objects() then reads nothing, as the ORM's equality lookup does;
+        statement() refuses it."""
         params = list(self.params)
         for position, name, wrap in self.slots:
             value = values[name]
@@ -138,7 +141,10 @@ def statement(
     key: everything else the statement depends on (with the caller's name, so two callers never
     share one). values: int, str or aware datetime each (None and bool belong in the key).
     """
-    sql, params = _once(key, lambda: _write(build, values)).filled(values)
+    try:
+        sql, params = _once(key, lambda: _write(build, values)).filled(values)
+    except EmptyResultSet as error:
+        raise ValueError(f"statement {key!r}: {error}") from None
     if CHECKING:
         _check(key, sql, params, build(values))
     return sql, params
@@ -148,9 +154,11 @@ def statement(
 class _Read:
     written: _Written
     # The compiler that wrote it: which columns make which model (select_related), and how
-    # each column's value is read (the backend's and the fields' converters).
+    # each column's value is read (the backend's and the fields' converters). Its connection is
+    # the writing thread's: each read takes a copy with its own thread's.
     compiler: Any
     db: str
+    locks: bool
 
 
 def _check(key: Hashable, sql: str, params: tuple, expected: tuple[str, Sequence[Any]]) -> None:
@@ -181,29 +189,43 @@ def _write_read(build: BuildQuerySet, values: Mapping[str, Any]) -> _Read:
             queryset._iterable_class is not ModelIterable
             or queryset._prefetch_related_lookups
             or queryset._known_related_objects
+            or queryset.query.annotation_select
+            or queryset.query.extra_select
         ):
-            raise TypeError("only a queryset of model objects, without prefetches, is read once")
+            raise TypeError(
+                "only a queryset of model objects, without prefetches or annotations, is read once"
+            )
         compiler = queryset.query.get_compiler(queryset.db)
         return compiler.as_sql()
 
-    return _Read(_write(written, values), compiler, compiler.using)
+    return _Read(
+        _write(written, values), compiler, compiler.using, bool(compiler.query.select_for_update)
+    )
 
 
 def objects(key: Hashable, build: BuildQuerySet, values: Mapping[str, Any]) -> list[Model]:
     """The model objects build(values) would give (build: the read's own queryset code, for the
     values it is given), its SQL written once per key (see statement()). Select_related rows
-    come with it, as the ORM gives them."""
+    come with it, as the ORM gives them. An integer value no column holds reads nothing, as an
+    equality lookup (exact, or in with that one value) of the ORM does: give such values only to
+    those. A read that locks (select_for_update) raises TransactionManagementError outside a
+    transaction, as the ORM does."""
     read = _once(key, lambda: _write_read(build, values))
+    connection = connections[read.db]
+    if read.locks and connection.get_autocommit():
+        raise TransactionManagementError(
+            "select_for_update cannot be used outside of a transaction."
+        )
     try:
         sql, params = read.written.filled(values)
     except EmptyResultSet:
         return []
     if CHECKING:
         _check(key, sql, params, _sql_of(build(values)))
-    with connections[read.db].cursor() as cursor:
+    with connection.cursor() as cursor:
         cursor.execute(sql, params)
         rows = cursor.fetchall()
-    return list(_model_objects(read, rows))
+    return list(_model_objects(read, rows, connection))
 
 
 def get(key: Hashable, build: BuildQuerySet, values: Mapping[str, Any]) -> Model:
@@ -227,9 +249,11 @@ def get(key: Hashable, build: BuildQuerySet, values: Mapping[str, Any]) -> Model
     raise model.MultipleObjectsReturned(f"get() returned more than one {model._meta.object_name}")
 
 
-def _model_objects(read: _Read, rows: list[tuple]):
-    """Rows to model objects, as Django's ModelIterable makes them."""
-    compiler = read.compiler
+def _model_objects(read: _Read, rows: list[tuple], connection):
+    """Rows to model objects, as Django's ModelIterable makes them, read through this thread's
+    connection."""
+    compiler = copy.copy(read.compiler)
+    compiler.connection = connection
     select, klass_info = compiler.select, compiler.klass_info
     start, end = klass_info["select_fields"][0], klass_info["select_fields"][-1] + 1
     init_list = [column[0].target.attname for column in select[start:end]]

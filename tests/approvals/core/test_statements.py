@@ -6,7 +6,9 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
+from django.db.models import Count
+from django.db.transaction import TransactionManagementError
 
 from approvals.core import statements
 from approvals.core.statements import StatementDrift
@@ -187,3 +189,34 @@ def test_only_plain_model_querysets_are_read_once(two_runs):
     for build in (prefetching, as_values):
         with pytest.raises(TypeError, match="only a queryset of model objects"):
             statements.objects(("test", build.__name__), build, {"user": 1})
+
+
+# Outside the test's own transaction, as the check is about autocommit.
+@pytest.mark.django_db(transaction=True)
+def test_a_locking_read_outside_a_transaction_is_refused_as_the_orm_refuses_it(two_runs):
+    def locked(values):
+        return Ticket.objects.select_for_update().filter(run_id=values["run"])
+
+    with transaction.atomic():
+        assert len(statements.objects("test.locked", locked, {"run": two_runs[0].pk})) == 1
+    # Written already: the check does not depend on the ORM compiling it again.
+    with pytest.raises(TransactionManagementError):
+        statements.objects("test.locked", locked, {"run": two_runs[0].pk})
+
+
+def test_annotated_querysets_are_not_read_once():
+    def annotated(values):
+        return Membership.objects.filter(user_id=values["user"]).annotate(n=Count("pk"))
+
+    with pytest.raises(TypeError, match="without prefetches or annotations"):
+        statements.objects("test.annotated", annotated, {"user": 1})
+
+
+@with_times
+def test_a_statement_refuses_an_integer_no_column_holds(monkeypatch):
+    monkeypatch.setattr(statements, "CHECKING", False)
+    values = {"ticket": 7, "now": NOW, "message": ""}
+    statements.statement(("test", "read"), _ticket_read, values)
+
+    with pytest.raises(ValueError, match="out of its column's range"):
+        statements.statement(("test", "read"), _ticket_read, {**values, "ticket": 2**63})

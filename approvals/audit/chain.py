@@ -377,27 +377,13 @@ def update_pair_holding_head(
     if not conn.in_atomic_block:
         raise RuntimeError("update_pair_holding_head must run inside a transaction")
     if conn.vendor == "postgresql":
-        return _update_pair_holding_head_postgres(
-            conn, first, first_values, then, then_values, link, linked_to
+        sql, params = pair_statement(
+            first, first_values, then, then_values, link=link, linked_to=linked_to
         )
+        return send_pair_holding_head(sql, params, using=first.db)
     return transitions.update_pair(
         first, first_values, then, then_values, link=link, linked_to=linked_to
     )
-
-
-def _update_pair_holding_head_postgres(
-    conn,
-    first: QuerySet,
-    first_values: dict,
-    then: QuerySet,
-    then_values: dict,
-    link: str,
-    linked_to: str,
-) -> tuple[int, int]:
-    sql, params = pair_statement(
-        first, first_values, then, then_values, link=link, linked_to=linked_to
-    )
-    return send_pair_holding_head(sql, params, using=conn.alias)
 
 
 def pair_statement(

@@ -25,6 +25,7 @@ the move, in the same transaction.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from django.db import connections
 from django.db.models import QuerySet, sql
@@ -175,22 +176,39 @@ def move_run_returning(
 
     Raises TransitionError as move_runs() does.
     """
+    sql, params = move_run_statement(runs, to=to, **fields)
+    return moved_run(sql, params, to=to, write=write, using=runs.db)
+
+
+def move_run_statement(runs: QuerySet[Run], *, to: str, **fields) -> tuple[str, tuple]:
+    """The UPDATE move_run_returning() sends (without its RETURNING) and its parameters, unsent:
+    for a caller that writes it once per shape (core.statements) and sends it with moved_run().
+
+    Raises TransitionError as move_runs() does.
+    """
     fields.setdefault("updated_at", timezone.now())
-    moving = _movable_runs(runs, to)
-    update_sql, params = update_statement(moving, status=to, **fields)
+    return update_statement(_movable_runs(runs, to), status=to, **fields)
+
+
+def moved_run(
+    sql: str, params, *, to: str, write: UpdateReturning = _update_returning, using: str
+) -> Run | None:
+    """Send move_run_statement()'s UPDATE with write, returning every column of the run: the
+    run as the move left it, or None when none moved. Raises TransitionError when more than one
+    moved."""
     columns = list(Run._meta.concrete_fields)
-    quote = connections[moving.db].ops.quote_name
+    quote = connections[using].ops.quote_name
     returning = ", ".join(quote(field.column) for field in columns)
-    rows = write(update_sql, params, returning=returning, using=moving.db)
+    rows = write(sql, params, returning=returning, using=using)
     if not rows:
         return None
     if len(rows) > 1:
         raise TransitionError(f"{len(rows)} runs moved to '{to}' where one was meant to")
     values = [
-        _from_db(field, value, connections[moving.db])
+        _from_db(field, value, connections[using])
         for field, value in zip(columns, rows[0], strict=True)
     ]
-    return Run.from_db(moving.db, [field.attname for field in columns], values)
+    return Run.from_db(using, [field.attname for field in columns], values)
 
 
 def _from_db(field, value, connection):
@@ -264,13 +282,19 @@ def end_run(
 
     Raises TransitionError as move_runs() does.
     """
+    moved, _ = end_run_pair(run, runs, to=to, write=write, **fields)
+    return moved
+
+
+def end_run_pair(run: Run, runs: QuerySet[Run], *, to: str, write: Callable[..., Any], **fields):
+    """end_run()'s two moves handed to write, and what write returns: for a writer that returns
+    the statement unsent (audit.chain.pair_statement), to write it once per shape."""
     fields.setdefault("updated_at", timezone.now())
     pending = _movable_tickets(Ticket.objects.filter(run=run), TicketStatus.SUPERSEDED)
-    moved, _ = write(
+    return write(
         _movable_runs(runs, to),
         {"status": to, **fields},
         pending,
         {"status": TicketStatus.SUPERSEDED},
         link="run_id",
     )
-    return moved

@@ -189,11 +189,10 @@ def _write_read(build: BuildQuerySet, values: Mapping[str, Any]) -> _Read:
             queryset._iterable_class is not ModelIterable
             or queryset._prefetch_related_lookups
             or queryset._known_related_objects
-            or queryset.query.annotation_select
             or queryset.query.extra_select
         ):
             raise TypeError(
-                "only a queryset of model objects, without prefetches or annotations, is read once"
+                "only a queryset of model objects, without prefetches or extra(), is read once"
             )
         compiler = queryset.query.get_compiler(queryset.db)
         return compiler.as_sql()
@@ -259,10 +258,13 @@ def _model_objects(read: _Read, rows: list[tuple], connection):
     init_list = [column[0].target.attname for column in select[start:end]]
     related_populators = get_related_populators(klass_info, select, read.db)
     model = klass_info["model"]
+    annotations = compiler.annotation_col_map.items()
     for row in compiler.results_iter([rows]):
         obj = model.from_db(read.db, init_list, row[start:end])
         for populator in related_populators:
             populator.populate(row, obj)
+        for name, position in annotations:
+            setattr(obj, name, row[position])
         yield obj
 
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 from datetime import timedelta
 
 from django.conf import settings
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from approvals import members
+from approvals.core import statements
 from approvals.execution import registry
 from approvals.models import (
     Run,
@@ -78,6 +80,18 @@ def check_before_resume(run: Run, tickets: list[Ticket]) -> None:
         raise Refusal(f"{REGENERATE}: {blocker}")
 
 
+def _votes(values) -> QuerySet[TicketVote]:
+    """The valid votes on the tickets named ticket0, ticket1, ... with each voter and the
+    voter's role in the tenant now (written once per process and number of tickets)."""
+    tickets = [value for name, value in values.items() if name.startswith("ticket")]
+    return (
+        TicketVote.objects.filter(ticket_id__in=tickets, invalidated_at__isnull=True)
+        .select_related("user")
+        .annotate(voter_role=members.role_in(values["tenant"]))
+        .order_by("pk")
+    )
+
+
 def _check_approvals(run: Run, approved: list[Ticket]) -> None:
     """Each approval still stands: its approver and every voter whose approval counted may still
     approve (membership and groups as they are now), none of them requested the call, and the
@@ -85,12 +99,8 @@ def _check_approvals(run: Run, approved: list[Ticket]) -> None:
     membership as it is now; a second only for approvers who have no vote among them."""
     votes_of: dict[int, list[TicketVote]] = {t.pk: [] for t in approved}
     memberships = {}
-    for vote in (
-        TicketVote.objects.filter(ticket__in=approved, invalidated_at__isnull=True)
-        .select_related("user")
-        .annotate(voter_role=members.role_in(run.tenant_id))
-        .order_by("pk")
-    ):
+    values = {"tenant": run.tenant_id, **{f"ticket{n}": t.pk for n, t in enumerate(approved)}}
+    for vote in statements.objects(("checks.votes", len(approved)), _votes, values):
         votes_of[vote.ticket_id].append(vote)
         membership = members.membership_from_role(vote.user, run.tenant_id, vote.voter_role)
         if membership is not None:

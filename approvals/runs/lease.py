@@ -30,6 +30,7 @@ from django.utils import timezone
 
 from approvals import transitions
 from approvals.audit import chain
+from approvals.core import statements
 from approvals.core.redaction import redact
 from approvals.execution import ledger
 from approvals.execution.sessions import SessionRef, reopen
@@ -78,25 +79,25 @@ def claim(run_id: int, worker_id: str, work: Work) -> Run | None:
     delivery has it, it moved on, or it is a caller's run).
 
     Side effects, in one transaction: the lease (owner, expiry, attempts + 1) and the work's
-    audit event with the attempt; a live hint after commit.
+    audit event with the attempt; a live hint after commit. On PostgreSQL the lease's statement
+    is written once per process and kind of work (core.statements).
     """
     now = timezone.now()
-    lease = timedelta(seconds=settings.APPROVALS_LEASE_SECONDS)
-    waiting = Q(status=work.waiting)
-    if work.waiting == work.holding:
-        waiting &= Q(lease_owner="")
+    values = {
+        "run": run_id,
+        "worker": worker_id,
+        "now": now,
+        "until": now + timedelta(seconds=settings.APPROVALS_LEASE_SECONDS),
+    }
     with transaction.atomic():
-        run = transitions.move_run_returning(
-            # A caller's run is resumed by its caller, never by a worker.
-            Run.objects.filter(pk=run_id, executor=RunExecutor.CONSOLE).filter(
-                waiting | Q(status=work.holding, lease_expires_at__lt=now)
-            ),
-            to=work.holding,
-            write=chain.update_holding_head,
-            lease_owner=worker_id,
-            lease_expires_at=now + lease,
-            attempts=F("attempts") + 1,
-            updated_at=now,
+        if connection.vendor == "postgresql":
+            sql, params = statements.statement(
+                ("lease.claim", work.name), lambda v: _claiming(v, work), values
+            )
+        else:
+            sql, params = _claiming(values, work)
+        run = transitions.moved_run(
+            sql, params, to=work.holding, write=chain.update_holding_head, using=connection.alias
         )
         if run is None:
             return None
@@ -112,6 +113,24 @@ def claim(run_id: int, worker_id: str, work: Work) -> Run | None:
     return run
 
 
+def _claiming(values: dict[str, Any], work: Work) -> tuple[str, tuple]:
+    """The claim's UPDATE of the run: waiting for this work, or held with a lapsed lease."""
+    waiting = Q(status=work.waiting)
+    if work.waiting == work.holding:
+        waiting &= Q(lease_owner="")
+    return transitions.move_run_statement(
+        # A caller's run is resumed by its caller, never by a worker.
+        Run.objects.filter(pk=values["run"], executor=RunExecutor.CONSOLE).filter(
+            waiting | Q(status=work.holding, lease_expires_at__lt=values["now"])
+        ),
+        to=work.holding,
+        lease_owner=values["worker"],
+        lease_expires_at=values["until"],
+        attempts=F("attempts") + 1,
+        updated_at=values["now"],
+    )
+
+
 def not_claimed(run_id: int) -> WorkOutcome:
     current = Run.objects.filter(pk=run_id).values_list("status", flat=True).first()
     return WorkOutcome(run_id, current or "missing", "not claimed: another delivery has it")
@@ -119,9 +138,11 @@ def not_claimed(run_id: int) -> WorkOutcome:
 
 def owned(run: Run):
     """The run's row as long as this attempt still holds it."""
-    return Run.objects.filter(
-        pk=run.pk, status=run.status, lease_owner=run.lease_owner, attempts=run.attempts
-    )
+    return _held(run.pk, run.status, run.lease_owner, run.attempts)
+
+
+def _held(pk: int, status: str, owner: str, attempts: int):
+    return Run.objects.filter(pk=pk, status=status, lease_owner=owner, attempts=attempts)
 
 
 def _extend_lease(run: Run) -> bool:
@@ -220,22 +241,26 @@ async def run_agent(run: Run, agent: Any, run_input: Any, *, context: Any = None
 
 def finish(run: Run, *, status: str, reason: str = "", final_output: str = "", action: str) -> bool:
     """Store a terminal outcome if this attempt still owns the run."""
-    now = timezone.now()
+    values = {
+        "run": run.pk,
+        "owner": run.lease_owner,
+        "attempts": run.attempts,
+        "reason": reason,
+        "output": final_output,
+        "now": timezone.now(),
+    }
     with transaction.atomic():
         # The run, its tickets still pending, then the tenant's audit head (the order a decision
-        # locks them in): one statement on PostgreSQL.
-        stored = transitions.end_run(
-            run,
-            owned(run),
-            to=status,
-            write=chain.update_pair_holding_head,
-            status_reason=reason,
-            final_output=final_output,
-            lease_owner="",
-            lease_expires_at=None,
-            updated_at=now,
-            finished_at=now,
-        )
+        # locks them in): one statement on PostgreSQL, written once per process and shape.
+        if connection.vendor == "postgresql":
+            sql, params = statements.statement(
+                ("lease.finish", run.status, status),
+                lambda v: _ending(v, run.status, status, write=chain.pair_statement),
+                values,
+            )
+            stored, _ = chain.send_pair_holding_head(sql, params)
+        else:
+            stored, _ = _ending(values, run.status, status, write=chain.update_pair_holding_head)
         if not stored:
             return False
         chain.append(
@@ -248,6 +273,22 @@ def finish(run: Run, *, status: str, reason: str = "", final_output: str = "", a
         )
         hints.notify_on_commit(run.tenant_id, "run.changed", run=run.pk, status=status)
     return True
+
+
+def _ending(values: dict[str, Any], holding: str, status: str, *, write) -> Any:
+    """finish()'s end of the run (transitions.end_run_pair) as `write` takes it."""
+    return transitions.end_run_pair(
+        Run(pk=values["run"]),
+        _held(values["run"], holding, values["owner"], values["attempts"]),
+        to=status,
+        write=write,
+        status_reason=values["reason"],
+        final_output=values["output"],
+        lease_owner="",
+        lease_expires_at=None,
+        updated_at=values["now"],
+        finished_at=values["now"],
+    )
 
 
 def release(run: Run, *, reason: str) -> bool:

@@ -7,8 +7,9 @@ from __future__ import annotations
 from typing import Any
 
 from agents import RunState
+from django.db.models import QuerySet
 
-from approvals.core import crypto
+from approvals.core import crypto, statements
 from approvals.core.canonical import arguments_digest
 from approvals.decisions.tickets import PendingCall
 from approvals.execution import ledger, queue, registry, state
@@ -105,10 +106,8 @@ def resume(*, run_id: int, worker_id: str | None = None) -> ResumeOutcome:
     run = lease.claim(run_id, worker_id, lease.RESUME)
     if run is None:
         return lease.not_claimed(run_id)
-    tickets = list(
-        Ticket.objects.filter(run=run, generation=run.state_generation)
-        .select_related("decided_by")
-        .order_by("pk")
+    tickets = statements.objects(
+        "resume.tickets", _tickets, {"run": run.pk, "generation": run.state_generation}
     )
     scope = ledger.ResumeScope(
         tenant_id=run.tenant_id,
@@ -119,6 +118,15 @@ def resume(*, run_id: int, worker_id: str | None = None) -> ResumeOutcome:
     outcome = _attempt(run, tickets, scope)
     outcome.decisions = queue.decision_words(tickets)
     return outcome
+
+
+def _tickets(values) -> QuerySet[Ticket]:
+    """The tickets of the run's current state, with their deciders (written once per process)."""
+    return (
+        Ticket.objects.filter(run_id=values["run"], generation=values["generation"])
+        .select_related("decided_by")
+        .order_by("pk")
+    )
 
 
 def _attempt(run: Run, tickets: list[Ticket], scope: ledger.ResumeScope) -> ResumeOutcome:

@@ -7,9 +7,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.db import connection, transaction
-from django.db.models import Count
 from django.db.transaction import TransactionManagementError
 
+from approvals import members
 from approvals.core import statements
 from approvals.core.statements import StatementDrift
 from approvals.models import Membership, Role, Ticket, TicketStatus
@@ -204,12 +204,33 @@ def test_a_locking_read_outside_a_transaction_is_refused_as_the_orm_refuses_it(t
         statements.objects("test.locked", locked, {"run": two_runs[0].pk})
 
 
-def test_annotated_querysets_are_not_read_once():
-    def annotated(values):
-        return Membership.objects.filter(user_id=values["user"]).annotate(n=Count("pk"))
+def test_annotations_come_with_the_objects_as_the_orm_sets_them(two_runs):
+    run = two_runs[0]
+    other = TenantFactory(slug="other")
 
-    with pytest.raises(TypeError, match="without prefetches or annotations"):
-        statements.objects("test.annotated", annotated, {"user": 1})
+    def with_role(values):
+        # A value inside the annotation's subquery is a value like any other.
+        return (
+            Ticket.objects.filter(run_id=values["run"])
+            .select_related("requested_by")
+            .annotate(requester_role=members.role_in(values["tenant"], "requested_by_id"))
+        )
+
+    for tenant_id, role in ((run.tenant_id, Role.VIEWER), (other.pk, None)):
+        values = {"run": run.pk, "tenant": tenant_id}
+        read = statements.objects("test.with_role", with_role, values)
+        orm = list(with_role(values))
+        assert [(t.pk, t.requester_role) for t in read] == [(t.pk, t.requester_role) for t in orm]
+        assert [t.requester_role for t in read] == [role] * len(orm)
+        assert [t.requested_by.username for t in read] == ["req"] * len(orm)
+
+
+def test_extra_selects_are_not_read_once():
+    def extra(values):
+        return Membership.objects.filter(user_id=values["user"]).extra(select={"one": "1"})
+
+    with pytest.raises(TypeError, match="without prefetches or extra"):
+        statements.objects("test.extra", extra, {"user": 1})
 
 
 @with_times

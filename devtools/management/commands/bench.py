@@ -391,7 +391,12 @@ class Command(BaseCommand):
             ids = [c.run_id for c in chunk]
             cloning.approve_in_bulk(chunk, approver)
             before = database.sessions_opened()
-            workers = [procs.start("worker", "worker", "--interval", "1") for _ in range(workers_n)]
+            # Run as in the approve-to-completed part and as deployed: DEBUG off (no query log),
+            # warnings only, the Redis channel layer.
+            workers = [
+                procs.start("worker", "worker", "--interval", "1", env=self.web_env())
+                for _ in range(workers_n)
+            ]
             cloning.wait_finished(ids, timeout=300, procs=workers)
             after = database.sessions_opened()
             for proc in workers:
@@ -413,7 +418,7 @@ class Command(BaseCommand):
         self.notified()
         first, rest = groups["mem_a"], groups["mem_b"]
         cloning.approve_in_bulk(first, approver)
-        worker = procs.start("worker", "worker", "--interval", "1")
+        worker = procs.start("worker", "worker", "--interval", "1", env=self.web_env())
         time.sleep(0.5)
         rss_start = worker.rss_kib()
         cloning.wait_finished([c.run_id for c in first], timeout=300, procs=[worker])

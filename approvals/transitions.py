@@ -31,6 +31,7 @@ from django.db import connections
 from django.db.models import QuerySet, sql
 from django.utils import timezone
 
+from approvals.core import statements
 from approvals.models import Run, RunStatus, Ticket, TicketStatus
 
 RUN_TRANSITIONS: dict[str, frozenset[str]] = {
@@ -196,28 +197,12 @@ def moved_run(
     """Send move_run_statement()'s UPDATE with write, returning every column of the run: the
     run as the move left it, or None when none moved. Raises TransitionError when more than one
     moved."""
-    columns = list(Run._meta.concrete_fields)
-    quote = connections[using].ops.quote_name
-    returning = ", ".join(quote(field.column) for field in columns)
-    rows = write(sql, params, returning=returning, using=using)
+    rows = write(sql, params, returning=statements.returning(Run, using=using), using=using)
     if not rows:
         return None
     if len(rows) > 1:
         raise TransitionError(f"{len(rows)} runs moved to '{to}' where one was meant to")
-    values = [
-        _from_db(field, value, connections[using])
-        for field, value in zip(columns, rows[0], strict=True)
-    ]
-    return Run.from_db(using, [field.attname for field in columns], values)
-
-
-def _from_db(field, value, connection):
-    """A column's value as the ORM would have read it (the backend's and the field's
-    converters: SQLite's datetimes and booleans, JSON)."""
-    column = field.get_col(Run._meta.db_table)
-    for converter in connection.ops.get_db_converters(column) + field.get_db_converters(connection):
-        value = converter(value, column, connection)
-    return value
+    return statements.row_object(Run, rows[0], using=using)
 
 
 def move_tickets(tickets: QuerySet[Ticket], *, to: str, write: Update = _update, **fields) -> int:

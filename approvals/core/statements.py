@@ -268,6 +268,37 @@ def _model_objects(read: _Read, rows: list[tuple], connection):
         yield obj
 
 
+def returning(model: type[Model], *, using: str) -> str:
+    """Every column of the model, for a RETURNING clause whose rows row_object() reads."""
+    quote = connections[using].ops.quote_name
+    return ", ".join(quote(field.column) for field in model._meta.concrete_fields)
+
+
+def row_object(model: type[Model], row: Sequence[Any], *, using: str) -> Model:
+    """The model object of a row of returning()'s columns, each read as the ORM reads it (the
+    backend's and the field's converters: SQLite's times, JSON), without a queryset."""
+    connection = connections[using]
+    # Per connection (each thread has its own), per model: the converters do not change.
+    cached = connection.__dict__.setdefault("_statement_converters", {})
+    columns = cached.get(model)
+    if columns is None:
+        columns = cached[model] = [
+            (
+                field.attname,
+                connection.ops.get_db_converters(col := field.get_col(model._meta.db_table))
+                + field.get_db_converters(connection),
+                col,
+            )
+            for field in model._meta.concrete_fields
+        ]
+    values = []
+    for (_, converters, col), value in zip(columns, row, strict=True):
+        for converter in converters:
+            value = converter(value, col, connection)
+        values.append(value)
+    return model.from_db(using, [name for name, _, _ in columns], values)
+
+
 def forget() -> None:
     """Drop every written statement (a test that changes what the ORM writes)."""
     with _lock:

@@ -20,6 +20,7 @@ from django_tasks_db.compat import TaskResultStatus
 from django_tasks_db.models import DBTaskResult, get_date_max
 from django_tasks_db.utils import exclusive_transaction, is_locked_database_exception
 
+from approvals.core import statements
 from approvals.models import WorkerHeartbeat
 
 # A worker not seen for this many lease lengths (or reaper intervals, if longer) has stopped.
@@ -38,11 +39,12 @@ def claim_next(*, backend_name: str, queue_names: list[str], worker_id: str) -> 
     that selects, locks and saves: two workers never take the same task. Elsewhere, the
     library's own select, lock and claim; a locked SQLite database gives None.
     """
-    tasks = DBTaskResult.objects.ready().filter(
-        backend_name=backend_name, queue_name__in=queue_names
-    )
-    conn = connections[tasks.db]
+    using = DBTaskResult.objects.db
+    conn = connections[using]
     if conn.vendor != "postgresql":
+        tasks = DBTaskResult.objects.ready().filter(
+            backend_name=backend_name, queue_name__in=queue_names
+        )
         with exclusive_transaction(tasks.db):
             try:
                 task_result = tasks.get_locked()
@@ -54,13 +56,14 @@ def claim_next(*, backend_name: str, queue_names: list[str], worker_id: str) -> 
                 task_result = None
         return task_result
     table = conn.ops.quote_name(DBTaskResult._meta.db_table)
+    returning = statements.returning(DBTaskResult, using=using)
     now = timezone.now()
     sql = (
         f"UPDATE {table} SET status = %s, started_at = %s, worker_ids = worker_ids || %s::jsonb "
         f"WHERE id = (SELECT id FROM {table} WHERE status = %s AND backend_name = %s "
         "AND queue_name = ANY(%s) AND (run_after = %s OR run_after <= %s) "
         "ORDER BY priority DESC, run_after ASC, enqueued_at ASC "
-        "LIMIT 1 FOR UPDATE SKIP LOCKED) RETURNING *"
+        f"LIMIT 1 FOR UPDATE SKIP LOCKED) RETURNING {returning}"
     )
     params = [
         TaskResultStatus.RUNNING,
@@ -72,8 +75,10 @@ def claim_next(*, backend_name: str, queue_names: list[str], worker_id: str) -> 
         get_date_max(),
         now,
     ]
-    claimed = list(DBTaskResult.objects.using(tasks.db).raw(sql, params))
-    return claimed[0] if claimed else None
+    with conn.cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    return None if row is None else statements.row_object(DBTaskResult, row, using=using)
 
 
 def stale_after() -> timedelta:

@@ -12,7 +12,7 @@ from django.db.transaction import TransactionManagementError
 from approvals import members
 from approvals.core import statements
 from approvals.core.statements import StatementDrift
-from approvals.models import Membership, Role, Ticket, TicketStatus
+from approvals.models import Membership, Role, Run, Ticket, TicketStatus
 from tests.support import TenantFactory, member, paused_run
 
 pytestmark = pytest.mark.django_db
@@ -241,3 +241,20 @@ def test_a_statement_refuses_an_integer_no_column_holds(monkeypatch):
 
     with pytest.raises(ValueError, match="out of its column's range"):
         statements.statement(("test", "read"), _ticket_read, {**values, "ticket": 2**63})
+
+
+def test_a_returned_row_is_the_object_the_orm_reads(two_runs):
+    run = two_runs[0]
+    Run.objects.filter(pk=run.pk).update(status_reason="why", final_output='{"json": "text"}')
+    columns = statements.returning(Run, using="default")
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE approvals_run SET attempts = attempts + 1 WHERE id = %s RETURNING {columns}",
+            [run.pk],
+        )
+        row = cursor.fetchone()
+    returned = statements.row_object(Run, row, using="default")
+    assert _fields(returned) == _fields(Run.objects.get(pk=run.pk))
+    # Times are read as times on every backend (SQLite returns text), and the row is saved.
+    assert returned.created_at.tzinfo is not None and returned.attempts == run.attempts + 1
+    assert returned._state.db == "default" and not returned._state.adding

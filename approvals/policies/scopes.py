@@ -8,7 +8,9 @@ from collections.abc import Iterable
 from datetime import timedelta
 
 from django.conf import settings
+from django.db.models import QuerySet
 
+from approvals.core import statements
 from approvals.models import (
     ApprovalPolicy,
     ExpiryAction,
@@ -75,9 +77,18 @@ def resolve_many(
     """resolve() for each of the agent's tools named, by tool name: one query for them all."""
     names = set(tool_names)
     current: dict[tuple[str, str], ApprovalPolicy] = {}
-    for policy in ApprovalPolicy.objects.filter(
-        tenant_id=tenant_id, agent_key__in={agent_key, ""}, tool_name__in=names | {""}
-    ).order_by("-version"):
+    ordered = sorted(names - {""})
+    values = {
+        "tenant": tenant_id,
+        "agent": agent_key,
+        **{f"tool{n}": name for n, name in enumerate(ordered)},
+    }
+    if agent_key:
+        # Every pause reads this: written once per process and number of tools.
+        policies = statements.objects(("scopes.resolve", len(ordered)), _in_scopes, values)
+    else:
+        policies = _in_scopes(values)
+    for policy in policies:
         current.setdefault((policy.agent_key, policy.tool_name), policy)
 
     def most_specific(tool_name: str) -> ApprovalPolicy:
@@ -87,6 +98,17 @@ def resolve_many(
         return builtin_policy(tenant_id)
 
     return {name: most_specific(name) for name in names}
+
+
+def _in_scopes(values) -> QuerySet[ApprovalPolicy]:
+    """The tenant's policies of the four scopes of each tool named tool0, tool1, ... (none of
+    them, nor the agent, ""), newest version first."""
+    tools = [value for name, value in values.items() if name.startswith("tool")]
+    return ApprovalPolicy.objects.filter(
+        tenant_id=values["tenant"],
+        agent_key__in=[values["agent"], ""],
+        tool_name__in=[*tools, ""],
+    ).order_by("-version")
 
 
 def policy_of(ticket: Ticket) -> ApprovalPolicy:

@@ -25,10 +25,11 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.core.exceptions import EmptyResultSet
-from django.db import connections
-from django.db.models import Model, QuerySet
+from django.db import connections, router
+from django.db.models import AutoField, Model, QuerySet, sql
 from django.db.models.query import MAX_GET_RESULTS, ModelIterable, get_related_populators
 from django.db.transaction import TransactionManagementError
+from psycopg import Binary as _Binary  # how the PostgreSQL backend hands psycopg bytes
 
 # Each call compared with the ORM's own statement: the test suite turns it on (tests/conftest.py,
 # for its own processes and the workers and servers it starts).
@@ -89,18 +90,27 @@ def _marker(name: str, value: Any, n: int) -> Any:
         return f"\x1fstatement-value-{n}\x1f"
     if isinstance(value, datetime):
         return _TIME_MARKER + timedelta(microseconds=n + 1)
+    if isinstance(value, bytes):
+        return f"\x1fstatement-value-{n}\x1f".encode()
     raise TypeError(f"{name}: no marker for a {type(value).__name__}")
 
 
 def _slot(param: Any, names: Mapping[Any, str]) -> tuple[str, type | None] | None:
     """The value a parameter carries (its name, and the ORM's type for it), or None."""
+    # Bytes reach psycopg wrapped (Binary(value), whose value is its .obj).
+    wrapped = getattr(param, "obj", None) if isinstance(param, _Binary) else None
     try:
-        name = names.get(param)
+        name = names.get(param if wrapped is None else wrapped)
     except TypeError:  # an unhashable parameter (an adapter of a JSON value) carries none
         return None
     if name is None:
         return None
-    return name, None if type(param) in (int, str, datetime) else type(param)
+    return name, None if type(param) in (int, str, datetime, bytes) else type(param)
+
+
+def _comparable(param: Any) -> Any:
+    """A parameter as _check compares it: a wrapper of bytes by the bytes it holds."""
+    return (type(param), param.obj) if isinstance(param, _Binary) else param
 
 
 def _write(build: Build, values: Mapping[str, Any]) -> _Written:
@@ -164,9 +174,9 @@ class _Read:
 def _check(key: Hashable, sql: str, params: tuple, expected: tuple[str, Sequence[Any]]) -> None:
     expected_sql, expected_params = expected[0], tuple(expected[1])
     # Equal values of other types (5 and Int4(5)) bind differently: the types count too.
-    if (sql, params, [type(p) for p in params]) != (
+    if (sql, [_comparable(p) for p in params], [type(p) for p in params]) != (
         expected_sql,
-        expected_params,
+        [_comparable(p) for p in expected_params],
         [type(p) for p in expected_params],
     ):
         raise StatementDrift(
@@ -266,6 +276,54 @@ def _model_objects(read: _Read, rows: list[tuple], connection):
         for name, position in annotations:
             setattr(obj, name, row[position])
         yield obj
+
+
+def bulk_create(key: Hashable, objs: Sequence[Model]) -> list[Model]:
+    """Model.objects.bulk_create(objs): on PostgreSQL one new object's INSERT ... RETURNING is
+    written once per key and shape (which of its fields are NULL, its flags), and its pk read
+    back into it; several objects, an object with a pk, or another database, bulk_create
+    itself. As bulk_create, it sends no model signals. Each field's value is sent as the object
+    holds it (a field that sets its own value on save, auto_now, is refused)."""
+    objs = list(objs)
+    if not objs:
+        return []
+    model = type(objs[0])
+    manager = model._default_manager
+    using = router.db_for_write(model, instance=objs[0])
+    if len(objs) > 1 or connections[using].vendor != "postgresql" or objs[0]._is_pk_set():
+        return manager.db_manager(using).bulk_create(objs)
+    (obj,) = objs
+    obj._prepare_related_fields_for_save(operation_name="bulk_create")
+    opts = model._meta
+    fields = [f for f in opts.concrete_fields if not f.generated and not isinstance(f, AutoField)]
+    values: dict[str, Any] = {}
+    shape: list[tuple[str, Any]] = []
+    for field in fields:
+        if getattr(field, "auto_now", False) or getattr(field, "auto_now_add", False):
+            raise TypeError(f"{field.name} sets its own value on save: not written once")
+        value = getattr(obj, field.attname)
+        if value is None or isinstance(value, bool):
+            shape.append((field.attname, value))
+        else:
+            values[field.attname] = value
+
+    def build(given):
+        query = sql.InsertQuery(model)
+        query.insert_values(fields, [model(**dict(shape), **given)])
+        compiler = query.get_compiler(using=using)
+        compiler.returning_fields = opts.db_returning_fields
+        ((written, params),) = compiler.as_sql()
+        return written, params
+
+    written, params = statement(("bulk_create", key, model, tuple(shape)), build, values)
+    with connections[using].cursor() as cursor:
+        cursor.execute(written, params)
+        row = cursor.fetchone()
+    for result, field in zip(row, opts.db_returning_fields, strict=True):
+        setattr(obj, field.attname, result)
+    obj._state.adding = False
+    obj._state.db = using
+    return objs
 
 
 def returning(model: type[Model], *, using: str) -> str:

@@ -7,6 +7,7 @@ from typing import Any
 
 from approvals import transitions
 from approvals.audit import chain
+from approvals.core import statements
 from approvals.core.canonical import arguments_digest, canonical_arguments
 from approvals.decisions import automatic, calls, decide
 from approvals.execution import registry
@@ -78,7 +79,7 @@ def open_tickets(run: Run, interruptions, *, requested_by, now, resumed: bool) -
                 policy=None if policy.is_builtin else policy,
             )
         )
-    tickets = Ticket.objects.bulk_create(new)
+    tickets = statements.bulk_create("tickets.open_tickets", new)
     malformed: dict[int, list[str]] = {}
     for call, ticket in zip(pending, tickets, strict=True):
         schema = registry.tool_schema(run.agent_key, run.agent_version, ticket.tool_name)

@@ -98,14 +98,13 @@ def seal_state(run: Run, payload: bytes, generation: int) -> None:
     run.state_generation = generation
 
 
+# The run's columns seal_state() sets.
+SEALED_FIELDS = ("state_key_id", "state_nonce", "state_ciphertext", "state_generation")
+
+
 def sealed_fields(run: Run) -> dict[str, object]:
     """The sealed state's columns as seal_state() left them on the row, for an UPDATE."""
-    return {
-        "state_key_id": run.state_key_id,
-        "state_nonce": run.state_nonce,
-        "state_ciphertext": run.state_ciphertext,
-        "state_generation": run.state_generation,
-    }
+    return {name: getattr(run, name) for name in SEALED_FIELDS}
 
 
 def open_sealed_state(run: Run) -> bytes:

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.db import connections
 from django.utils import timezone
 
 from approvals import signals, transitions
 from approvals.audit import chain
-from approvals.core import faults
+from approvals.core import faults, statements
 from approvals.core.redaction import secret_shape
 from approvals.decisions import tickets
 from approvals.decisions.tickets import PendingCall
@@ -162,22 +163,22 @@ def store_first_pause(
     written nothing, when the run is no longer held as the caller saw it.
     """
     now = timezone.now()
-    held = Run.objects.filter(
-        pk=run.pk, status=RunStatus.STARTING, lease_owner=run.lease_owner, attempts=run.attempts
-    )
     state.seal_state(run, payload, generation=1)
     schema_version = str(state_json.get("$schemaVersion", ""))
-    moved = transitions.move_runs(
-        held,
-        to=RunStatus.PAUSED,
-        write=chain.update_queryset_holding_head,
+    values = {
+        "run": run.pk,
+        "owner": run.lease_owner,
+        "attempts": run.attempts,
         **state.sealed_fields(run),
-        schema_version=schema_version,
-        status_reason="",
-        lease_owner="",
-        lease_expires_at=None,
-        updated_at=now,
-    )
+        "schema": schema_version,
+        "now": now,
+    }
+    if connections[run._state.db].vendor == "postgresql":
+        # Every pause sends it: written once per process (core.statements).
+        sql, params = statements.statement("pause.store_first_pause", _first_pause, values)
+    else:
+        sql, params = _first_pause(values)
+    moved = chain.update_holding_head(sql, params, returning="1", using=run._state.db)
     if not moved:
         return None
     # What the move wrote, without reading it back.
@@ -202,6 +203,27 @@ def store_first_pause(
     opened = tickets.open_tickets(run, calls, requested_by=requested_by, now=now, resumed=False)
     signals.send_on_commit(signals.run_paused, run=run)
     return opened
+
+
+def _first_pause(values) -> tuple[str, tuple]:
+    """store_first_pause's move of the run, held as its caller saw it, to paused with its
+    sealed state: the UPDATE and its parameters."""
+    held = Run.objects.filter(
+        pk=values["run"],
+        status=RunStatus.STARTING,
+        lease_owner=values["owner"],
+        attempts=values["attempts"],
+    )
+    return transitions.move_run_statement(
+        held,
+        to=RunStatus.PAUSED,
+        **{name: values[name] for name in state.SEALED_FIELDS},
+        schema_version=values["schema"],
+        status_reason="",
+        lease_owner="",
+        lease_expires_at=None,
+        updated_at=values["now"],
+    )
 
 
 def store_next_pause(

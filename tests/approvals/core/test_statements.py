@@ -111,7 +111,7 @@ def test_checking_catches_a_shape_left_out_of_the_key():
         statements.statement(("test", "shape"), build, {"ticket": 1, "now": NOW, "message": ""})
 
 
-@pytest.mark.parametrize("value", [True, None, 1.5, b"bytes"])
+@pytest.mark.parametrize("value", [True, None, 1.5, bytearray(b"mutable")])
 def test_flags_nulls_and_other_types_are_no_values(value):
     with pytest.raises(TypeError):
         statements.statement(("test", "type"), _ticket_read, {"ticket": value})
@@ -258,3 +258,76 @@ def test_a_returned_row_is_the_object_the_orm_reads(two_runs):
     # Times are read as times on every backend (SQLite returns text), and the row is saved.
     assert returned.created_at.tzinfo is not None and returned.attempts == run.attempts + 1
     assert returned._state.db == "default" and not returned._state.adding
+
+
+# --- bytes, and one new object inserted ---------------------------------------------------------
+
+
+def _nonce_set(values):
+    from approvals import transitions
+
+    return transitions.update_statement(
+        Run.objects.filter(pk=values["run"]), state_nonce=values["nonce"]
+    )
+
+
+def test_bytes_are_values_wrapped_as_the_orm_wraps_them(two_runs):
+    # Checking is on: each call is compared with the ORM's statement, wrapper type included.
+    build = Counted(_nonce_set)
+    run = two_runs[0]
+    for nonce in (b"\x00" * 12, b"", bytes(range(12))):
+        sql, params = statements.statement("test.nonce", build, {"run": run.pk, "nonce": nonce})
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+        run.refresh_from_db()
+        assert bytes(run.state_nonce) == nonce
+    assert build.calls == 1 + 3 * statements.CHECKING
+
+
+def _new_ticket(run, **fields) -> Ticket:
+    return Ticket(
+        run=run,
+        tenant_id=run.tenant_id,
+        generation=1,
+        tool_name="deploy_release",
+        tool_call_id=fields.pop("call_id", "call_x"),
+        arguments_json='{"release": "r"}',
+        arguments_digest="0" * 64,
+        created_at=NOW,
+        expires_at=NOW + timedelta(hours=1),
+        **fields,
+    )
+
+
+def test_one_new_object_is_inserted_as_bulk_create_inserts_it(two_runs, django_assert_num_queries):
+    run, requester = two_runs[0], two_runs[0].requested_by
+    made = [
+        _new_ticket(run, call_id="call_a", requested_by=requester),
+        _new_ticket(run, call_id="call_b", requested_by=requester, always=True),
+        _new_ticket(run, call_id="call_c"),
+    ]
+    for ticket in made:
+        with django_assert_num_queries(1):
+            (created,) = statements.bulk_create("test.ticket", [ticket])
+        assert created is ticket and ticket.pk is not None
+        assert ticket._state.db == "default" and not ticket._state.adding
+        assert _fields(Ticket.objects.get(pk=ticket.pk)) == _fields(ticket)
+    if connection.vendor == "postgresql":
+        # A flag and a NULL are the statement's shape: three shapes, three statements.
+        written = [key for key in statements._written if key[:2] == ("bulk_create", "test.ticket")]
+        assert len(written) == 3
+        statements.bulk_create("test.ticket", [_new_ticket(run, call_id="call_d")])
+        written_again = [
+            key for key in statements._written if key[:2] == ("bulk_create", "test.ticket")
+        ]
+        assert written_again == written
+
+
+def test_several_new_objects_are_bulk_created(two_runs, django_assert_num_queries):
+    run = two_runs[0]
+    made = [_new_ticket(run, call_id=f"call_{n}") for n in range(3)]
+    with django_assert_num_queries(1):
+        created = statements.bulk_create("test.tickets", made)
+    assert [t.pk for t in created] == sorted(t.pk for t in created)
+    assert Ticket.objects.filter(pk__in=[t.pk for t in created]).count() == 3
+    assert statements.bulk_create("test.tickets", []) == []

@@ -149,7 +149,7 @@ def statement(
 
     build: the statement's own ORM code, returning (sql, params) for the values it is given.
     key: everything else the statement depends on (with the caller's name, so two callers never
-    share one). values: int, str or aware datetime each (None and bool belong in the key).
+    share one). values: int, str, bytes or aware datetime each (None and bool belong in the key).
     """
     try:
         sql, params = _once(key, lambda: _write(build, values)).filled(values)

@@ -112,6 +112,25 @@ def _depth_problems(arguments: Any) -> list[Problem]:
     return []
 
 
+# The validators of the schemas in use, each kept with its schema object: a deployed tool's
+# schema is one object for the life of the process (registry.tool_schema), and building its
+# validator costs more than checking most calls against it.
+_validators: dict[int, tuple[dict, Any]] = {}
+VALIDATORS_KEPT = 256
+
+
+def _validator(schema: dict):
+    kept = _validators.get(id(schema))
+    if kept is not None and kept[0] is schema:
+        return kept[1]
+    validator = validator_for(schema, default=Draft202012Validator)(schema)
+    if len(_validators) >= VALIDATORS_KEPT:
+        _validators.clear()
+    # The schema is kept with it, so its id names no other object while it is here.
+    _validators[id(schema)] = (schema, validator)
+    return validator
+
+
 def schema_problems(schema: dict, arguments: Any) -> list[Problem]:
     """What is wrong with arguments under the tool's JSON schema; empty when they fit.
 
@@ -120,8 +139,7 @@ def schema_problems(schema: dict, arguments: Any) -> list[Problem]:
     too_deep = _depth_problems(arguments)
     if too_deep:
         return too_deep
-    cls = validator_for(schema, default=Draft202012Validator)
-    validator = cls(schema)
+    validator = _validator(schema)
     problems: list[Problem] = []
     for error in sorted(validator.iter_errors(arguments), key=lambda e: list(map(str, e.path))):
         path = list(error.path)

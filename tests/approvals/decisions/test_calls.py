@@ -315,3 +315,30 @@ def test_a_secret_in_the_prompt_is_masked_in_the_conversation(client, tenant, ap
 
 def test_ticket_malformed_is_one_of_the_audit_actions():
     assert actions.label("ticket.malformed") == "Rejected: the call does not fit its tool"
+
+
+def test_a_schemas_validator_is_built_once_and_kept_with_that_schema(monkeypatch):
+    built = []
+    original = calls.validator_for
+
+    def validator_for(schema, default):
+        built.append(schema)
+        return original(schema, default=default)
+
+    monkeypatch.setattr(calls, "validator_for", validator_for)
+    monkeypatch.setattr(calls, "_validators", {})
+    schema = {
+        "type": "object",
+        "properties": {"release": {"type": "string"}},
+        "required": ["release"],
+        "additionalProperties": False,
+    }
+    assert calls.schema_problems(schema, {"release": "v1"}) == []
+    assert [p.argument for p in calls.schema_problems(schema, {"release": 5})] == ["release"]
+    assert len(built) == 1
+    # Another schema object, even an equal one, has a validator of its own: a schema is known
+    # by the object itself, so a changed copy is never checked by another's validator.
+    other = {**schema, "properties": {"release": {"type": "integer"}}}
+    assert calls.schema_problems(other, {"release": 5}) == []
+    assert [p.argument for p in calls.schema_problems(schema, {"release": 5})] == ["release"]
+    assert len(built) == 2

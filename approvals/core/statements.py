@@ -261,21 +261,60 @@ def get(key: Hashable, build: BuildQuerySet, values: Mapping[str, Any]) -> Model
 def _model_objects(read: _Read, rows: list[tuple], connection):
     """Rows to model objects, as Django's ModelIterable makes them, read through this thread's
     connection."""
+    made = _reading(read, connection)
+    rows = made.compiler.apply_converters(rows, made.converters) if made.converters else rows
+    start, end = made.start, made.end
+    for row in rows:
+        obj = made.model.from_db(read.db, made.init_list, row[start:end])
+        for populator in made.related_populators:
+            populator.populate(row, obj)
+        for name, position in made.annotations:
+            setattr(obj, name, row[position])
+        yield obj
+
+
+@dataclass(frozen=True)
+class _Reading:
+    """How one read's rows become model objects through one connection: its compiler's copy,
+    the columns of its model, the select_related populators and the converters of each
+    column, which do not change for a connection."""
+
+    read: _Read
+    compiler: Any
+    model: type[Model]
+    start: int
+    end: int
+    init_list: list[str]
+    related_populators: list[Any]
+    annotations: list[tuple[str, int]]
+    converters: dict
+
+
+def _reading(read: _Read, connection) -> _Reading:
+    # Per connection (each thread has its own), per read: a read lives as long as the process.
+    kept = connection.__dict__.setdefault("_statement_readings", {})
+    made = kept.get(id(read))
+    if made is not None and made.read is read:
+        return made
     compiler = copy.copy(read.compiler)
     compiler.connection = connection
     select, klass_info = compiler.select, compiler.klass_info
+    fields = [column[0] for column in select[0 : compiler.col_count]]
+    if compiler.has_composite_fields(fields):
+        raise TypeError("a read of composite fields is not written once")
     start, end = klass_info["select_fields"][0], klass_info["select_fields"][-1] + 1
-    init_list = [column[0].target.attname for column in select[start:end]]
-    related_populators = get_related_populators(klass_info, select, read.db)
-    model = klass_info["model"]
-    annotations = compiler.annotation_col_map.items()
-    for row in compiler.results_iter([rows]):
-        obj = model.from_db(read.db, init_list, row[start:end])
-        for populator in related_populators:
-            populator.populate(row, obj)
-        for name, position in annotations:
-            setattr(obj, name, row[position])
-        yield obj
+    made = kept[id(read)] = _Reading(
+        read=read,
+        compiler=compiler,
+        model=klass_info["model"],
+        start=start,
+        end=end,
+        init_list=[column[0].target.attname for column in select[start:end]],
+        related_populators=get_related_populators(klass_info, select, read.db),
+        annotations=list(compiler.annotation_col_map.items()),
+        converters=compiler.get_converters(fields),
+    )
+    return made
 
 
 def bulk_create(key: Hashable, objs: Sequence[Model]) -> list[Model]:

@@ -150,6 +150,29 @@ def test_objects_are_the_orms_with_their_related_rows(two_runs, django_assert_nu
         assert all(t._state.db == "default" and not t._state.adding for t in read)
 
 
+def test_a_reads_converters_are_found_once_per_connection(two_runs, monkeypatch):
+    """How a read's rows become objects (its columns' converters, its select_related
+    populators) is found on a connection's first read and kept: the objects stay the ORM's."""
+    from django.db.models.sql.compiler import SQLCompiler
+
+    found = []
+    original = SQLCompiler.get_converters
+
+    def get_converters(self, expressions):
+        found.append(len(expressions))
+        return original(self, expressions)
+
+    monkeypatch.setattr(SQLCompiler, "get_converters", get_converters)
+    first = statements.objects("test.tickets", _tickets_of_run, {"run": two_runs[0].pk})
+    second = statements.objects("test.tickets", _tickets_of_run, {"run": two_runs[1].pk})
+
+    assert len(found) == 1
+    for run, read in zip(two_runs, (first, second), strict=True):
+        orm = list(_tickets_of_run({"run": run.pk}))
+        assert [_fields(t) for t in read] == [_fields(t) for t in orm]
+        assert [_fields(t.run) for t in read] == [_fields(t.run) for t in orm]
+
+
 def test_get_is_the_one_object_else_the_models_errors(two_runs):
     ticket = Ticket.objects.filter(run=two_runs[0]).get()
 

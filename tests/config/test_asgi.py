@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
 import pytest
 from asgiref.sync import async_to_sync
 from asgiref.testing import ApplicationCommunicator
+from django.core import signals
 
 from config.asgi import application, django_asgi_app
 
@@ -194,3 +196,72 @@ def test_no_more_threads_are_kept_than_the_idle_limit(served_on, monkeypatch):
     ended = next(t for t in threads if t is not kept[0])
     ended.join(timeout=10)
     assert not ended.is_alive()
+
+
+# --- one hop to the request's thread ahead of the view ----------------------------------------
+
+
+class _CountingThread(ThreadPoolExecutor):
+    """A request thread that notes each piece of work handed to it."""
+
+    handed: list[str] = []
+
+    def submit(self, fn, /, *args, **kwargs):
+        _CountingThread.handed.append(getattr(fn, "__qualname__", repr(fn)))
+        return super().submit(fn, *args, **kwargs)
+
+
+def test_request_started_runs_in_the_views_hop_before_the_chain(served_on, monkeypatch):
+    """Django's handler hands request_started's receivers to the request's thread in a hop of
+    their own before the view's; here they run at the start of the view's hop: two hops per
+    request (the view's, the response's close after it is sent), not three."""
+    threads, _ = served_on
+    order: list[tuple[str, threading.Thread]] = []
+    monkeypatch.setattr(_CountingThread, "handed", [])
+    monkeypatch.setattr(django_asgi_app, "_idle", [])
+    monkeypatch.setattr(
+        django_asgi_app,
+        "_new_thread",
+        lambda: _CountingThread(max_workers=1, thread_name_prefix="request"),
+    )
+    original = django_asgi_app.get_response
+
+    def get_response(request):
+        order.append(("view", threading.current_thread()))
+        return original(request)
+
+    def started(**kwargs):
+        assert kwargs["scope"]["path"] == "/login/"
+        order.append(("started", threading.current_thread()))
+
+    monkeypatch.setattr(django_asgi_app, "get_response", get_response)
+    signals.request_started.connect(started)
+    try:
+        status, _, _ = _request("GET", "/login/")
+    finally:
+        signals.request_started.disconnect(started)
+
+    assert status == 200
+    assert [step for step, _ in order] == ["started", "view"]
+    # The same kept request thread, in one piece of work: the signal's, then the chain's.
+    assert order[0][1] is order[1][1] is threads[0]
+    assert len(_CountingThread.handed) == 2
+
+
+def test_a_request_refused_as_it_is_built_still_sends_request_started(monkeypatch):
+    heard = []
+
+    def started(**kwargs):
+        heard.append(kwargs["scope"]["path"])
+
+    signals.request_started.connect(started)
+    try:
+        # A query string that is not UTF-8: Django refuses to build the request (400).
+        status = async_to_sync(_served)(
+            ApplicationCommunicator(application, _scope("/login/", b"next=\xff"))
+        )
+    finally:
+        signals.request_started.disconnect(started)
+
+    assert status == 400
+    assert heard == ["/login/"]

@@ -18,13 +18,15 @@ from django.urls import set_script_prefix
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 django.setup(set_prefix=False)
 
+from approvals.live import hints  # noqa: E402
+
 # The request being served abandoned its thread: a hop to it was cancelled while the thread may
 # still run the view. Set per request by SyncChainASGIHandler.
 _abandoned: contextvars.ContextVar[list[bool]] = contextvars.ContextVar("request_abandoned")
-# The scope of the request being served while its request_started is still to be sent: it is
-# sent in the view's own hop (SyncChainASGIHandler.handle).
-_starting: contextvars.ContextVar[dict | None] = contextvars.ContextVar(
-    "request_starting", default=None
+# The request being served, from its handle() to its view's hop: its scope (request_started is
+# sent in the view's own hop) and the live hints its view holds until the answer is sent.
+_serving: contextvars.ContextVar[tuple[dict, list] | None] = contextvars.ContextVar(
+    "request_serving", default=None
 )
 
 
@@ -55,6 +57,11 @@ class SyncChainASGIHandler(ASGIHandler):
     hop, on that same thread and still before the middleware and the view: one hop fewer on
     the way to every answer. (The response is still closed, request_finished, in a hop after
     it is sent: closed before, its work would delay the answer.)
+
+    The live hints a view's commits send (approvals.live.hints) are held until its answer is
+    sent, then handed to the layer from this loop: their Redis work no longer runs beside the
+    end of the view and the sending of its answer. A streamed answer's go before it streams;
+    the view of a request whose client went away sends its own when it ends.
     """
 
     IDLE_THREADS = 8
@@ -106,14 +113,19 @@ class SyncChainASGIHandler(ASGIHandler):
             return
 
         async def process_request(request, send):
-            token = _starting.set(scope)
+            held: list = []
+            token = _serving.set((scope, held))
             try:
                 response = await self.run_get_response(request)
             finally:
-                _starting.reset(token)
+                _serving.reset(token)
+            if response.streaming:
+                hints.send_held(held)
+                held = []
             # A client gone while the answer is sent: nothing more to do.
             with contextlib.suppress(asyncio.CancelledError):
                 await self.send_response(response, send)
+            hints.send_held(held)
             return response
 
         # As Django's: a disconnect while the response is made cancels making it.
@@ -148,12 +160,20 @@ class SyncChainASGIHandler(ASGIHandler):
         return ThreadPoolExecutor(max_workers=1, thread_name_prefix="request")
 
     async def get_response_async(self, request):
-        scope = _starting.get()
+        serving = _serving.get()
+        abandoned = _abandoned.get(None)
 
         def respond(request):
-            if scope is not None:
+            if serving is None:
+                return self.get_response(request)
+            scope, held = serving
+            with hints.held(held):
                 signals.request_started.send(sender=self.__class__, scope=scope)
-            return self.get_response(request)
+                response = self.get_response(request)
+            if abandoned:
+                # Nobody waits for this answer: its hints go now, from here.
+                hints.send_held(held, on_loop=False)
+            return response
 
         try:
             return await sync_to_async(respond, thread_sensitive=True)(request)

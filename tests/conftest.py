@@ -323,7 +323,7 @@ class HintSender:
     def send(self, group: str, message: dict) -> None:
         self.one.append((group, message))
 
-    def send_many(self, held: list[tuple[str, dict]]) -> None:
+    def send_many(self, held: list[tuple[str, dict]], *, here: bool = False) -> None:
         self.many.append(list(held))
 
     @property

@@ -109,18 +109,23 @@ class _SenderLoop:
     def send(self, group: str, message: dict[str, Any]) -> None:
         self.send_many([(group, message)])
 
-    def send_many(self, hints: list[tuple[str, dict[str, Any]]]) -> None:
-        """Every hint at once, their Redis round trips overlapping; failures are logged."""
+    def send_many(self, hints: list[tuple[str, dict[str, Any]]], *, here: bool = False) -> None:
+        """Every hint at once, their Redis round trips overlapping; failures are logged. here:
+        called on the server's loop, in its own thread (which then sends them)."""
         with self._settled:
             self._pending += 1
         try:
-            future = self._hand_over(hints)
+            future = self._hand_over(hints, here=here)
         except BaseException:
             self._settle()
             raise
         future.add_done_callback(lambda done: self._done(done, hints))
 
-    def _hand_over(self, hints) -> concurrent.futures.Future:
+    def _hand_over(self, hints, *, here: bool) -> concurrent.futures.Future | asyncio.Future:
+        if here:
+            # On the server's loop itself (its ASGI handler, once an answer is sent): a task of
+            # that loop, which holds the layer's connections.
+            return asyncio.ensure_future(_group_send_all(get_channel_layer(), hints))
         server = _server_loop()
         if server is not None:
             sending = _group_send_all(get_channel_layer(), hints)
@@ -132,7 +137,7 @@ class _SenderLoop:
         loop, layer = self._own()
         return asyncio.run_coroutine_threadsafe(_group_send_all(layer, hints), loop)
 
-    def _done(self, done: concurrent.futures.Future, hints) -> None:
+    def _done(self, done: concurrent.futures.Future | asyncio.Future, hints) -> None:
         try:
             if done.cancelled():
                 return
@@ -182,12 +187,15 @@ def _send(group: str, message: dict[str, Any]) -> None:
     _send_many([(group, message)])
 
 
-def _send_many(hints: list[tuple[str, dict[str, Any]]]) -> None:
-    """Hand the hints to a loop in one hop, their group_sends side by side (see _SenderLoop)."""
+def _send_many(hints: list[tuple[str, dict[str, Any]]], *, here: bool = False) -> None:
+    """Hand the hints to a loop in one hop, their group_sends side by side (see _SenderLoop);
+    here: this thread runs the server's loop, which sends them."""
     try:
         if _shared_layer() is None:
             return
-        if len(hints) == 1:
+        if here:
+            _sender.send_many(hints, here=True)
+        elif len(hints) == 1:
             _sender.send(*hints[0])
         else:
             _sender.send_many(hints)
@@ -208,6 +216,23 @@ def batched() -> Iterator[None]:
     transaction commits later) are sent on their own, as usual. Nested blocks join the outer.
     Side effects: after the block, the held hints are sent (failures logged, never raised).
     """
+    kept: list[tuple[str, dict[str, Any]]] = []
+    try:
+        with held(kept):
+            yield
+    finally:
+        if kept:
+            _send_many(kept)
+
+
+@contextmanager
+def held(into: list[tuple[str, dict[str, Any]]]) -> Iterator[None]:
+    """As batched(), but the hints held in the block are put into `into` as it ends instead of
+    being sent: the caller sends them later with send_held(). The ASGI handler holds a
+    request's hints this way and sends them once the answer is sent, so that their Redis work
+    never competes with the answer. Inside a batch (or another such block), the block joins
+    it: the outer one sends or keeps them.
+    """
     if getattr(_batch, "hints", None) is not None:
         yield
         return
@@ -215,9 +240,15 @@ def batched() -> Iterator[None]:
     try:
         yield
     finally:
-        held, _batch.hints = _batch.hints, None
-        if held:
-            _send_many(held)
+        into.extend(_batch.hints)
+        _batch.hints = None
+
+
+def send_held(hints: list[tuple[str, dict[str, Any]]], *, on_loop: bool = True) -> None:
+    """Send hints held() kept, together (failures logged, never raised): from the server's own
+    loop (its coroutines call it), or with on_loop False from a thread, as hints are sent."""
+    if hints:
+        _send_many(hints, here=on_loop)
 
 
 # Every hint names its tenant: a socket forwards only hints of the tenants its user belongs to

@@ -9,10 +9,11 @@ from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
 import pytest
-from asgiref.sync import async_to_sync
+from asgiref.sync import async_to_sync, sync_to_async
 from asgiref.testing import ApplicationCommunicator
 from django.core import signals
 
+from approvals.live import hints
 from config.asgi import application, django_asgi_app
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -265,3 +266,51 @@ def test_a_request_refused_as_it_is_built_still_sends_request_started(monkeypatc
 
     assert status == 400
     assert heard == ["/login/"]
+
+
+def test_a_views_hints_go_out_once_its_answer_is_sent(monkeypatch):
+    """The live hints a view's commits send are held until its answer is sent, then handed to
+    the layer from the server's loop: their Redis work never runs beside the answer."""
+    events: list[tuple] = []
+
+    class Layer:
+        async def group_send(self, group: str, message: dict) -> None:
+            events.append(("hint", group, message["kind"], threading.current_thread()))
+
+    monkeypatch.setattr(hints, "_shared_layer", Layer)
+    monkeypatch.setattr(hints, "get_channel_layer", Layer)
+    monkeypatch.setattr(hints, "_sender", hints._SenderLoop())
+    original = django_asgi_app.get_response
+
+    def get_response(request):
+        hints._send("tenant.7", {"type": "console.event", "kind": "run.changed", "tenant": 7})
+        events.append(("view",))
+        return original(request)
+
+    monkeypatch.setattr(django_asgi_app, "get_response", get_response)
+
+    async def exchange() -> threading.Thread:
+        request = [{"type": "http.request", "body": b""}]
+
+        async def receive():
+            if request:
+                return request.pop()
+            await asyncio.Event().wait()  # the client stays
+
+        async def send(message):
+            events.append(("sent", message["type"]))
+
+        await django_asgi_app(_scope("/login/"), receive, send)
+        assert await sync_to_async(hints._sender.wait_sent, thread_sensitive=False)()
+        return threading.current_thread()
+
+    server_thread = async_to_sync(exchange)()
+
+    assert [e[:3] for e in events] == [
+        ("view",),
+        ("sent", "http.response.start"),
+        ("sent", "http.response.body"),
+        ("hint", "tenant.7", "run.changed"),
+    ]
+    # Sent by the server's loop itself, not a loop of the process's own.
+    assert events[-1][3] is server_thread

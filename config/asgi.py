@@ -61,7 +61,9 @@ class SyncChainASGIHandler(ASGIHandler):
     The live hints a view's commits send (approvals.live.hints) are held until its answer is
     sent, then handed to the layer from this loop: their Redis work no longer runs beside the
     end of the view and the sending of its answer. A streamed answer's go before it streams;
-    the view of a request whose client went away sends its own when it ends.
+    the view of a request whose client went away while it ran sends its own when it ends. (A
+    client gone in the instant between the view's end and its answer takes the hints with it:
+    a hint only says what to re-read, and the page re-reads on its next poll.)
     """
 
     IDLE_THREADS = 8

@@ -14,6 +14,7 @@ break.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -70,7 +71,24 @@ def event_hash(event: AuditEvent, *, prev_hash: str | None = None) -> str:
     return signatures.link(event.hash_key_id, message)
 
 
-def append(
+def append(**fields: Any) -> AuditEvent:
+    """Append one event to the tenant's chain. Must run inside the caller's transaction.
+    fields: new_event()'s (tenant_id and action, then who, what and the outcome).
+
+    Side effects: locks the tenant row until the transaction ends, inserts the event and
+    moves the tenant's chain head; on commit, sends signals.audit_event_committed. Inside
+    atomic() the event is written when the block ends (its pk and link are set then).
+    Raises actions.UnknownActionError for an action missing from the table, RuntimeError
+    outside a transaction.
+    """
+    if not connection.in_atomic_block:
+        raise RuntimeError("audit.append must run inside a transaction")
+    event = new_event(**fields)
+    _write([event])
+    return event
+
+
+def new_event(
     *,
     tenant_id: int,
     action: str,
@@ -83,18 +101,14 @@ def append(
     outcome: str = "",
     detail: dict[str, Any] | None = None,
 ) -> AuditEvent:
-    """Append one event to the tenant's chain. Must run inside the caller's transaction.
+    """The event append() would write, built (its action checked, its detail redacted, its
+    time and key set) but neither linked nor written: for a statement that writes it with the
+    change it records (update_holding_head, send_pair_holding_head).
 
-    Side effects: locks the tenant row until the transaction ends, inserts the event and
-    moves the tenant's chain head; on commit, sends signals.audit_event_committed. Inside
-    atomic() the event is written when the block ends (its pk and link are set then).
-    Raises actions.UnknownActionError for an action missing from the table, RuntimeError
-    outside a transaction.
+    Raises actions.UnknownActionError for an action missing from the table.
     """
     actions.get(action)
-    if not connection.in_atomic_block:
-        raise RuntimeError("audit.append must run inside a transaction")
-    event = AuditEvent(
+    return AuditEvent(
         tenant_id=tenant_id,
         created_at=timezone.now(),
         actor_id=getattr(actor, "pk", None),
@@ -109,13 +123,23 @@ def append(
         detail=redact(detail or {}),
         hash_key_id=signatures.audit_key_id(),
     )
-    if not _held_back(event):
-        if connection.vendor == "postgresql":
-            _append_linked([event])
-        else:
-            _append_locked(event)
-    signals.send_on_commit(signals.audit_event_committed, sender=AuditEvent, event=event)
-    return event
+
+
+def _write(events: Sequence[AuditEvent]) -> None:
+    """Write built events (new_event) in order, as append() writes each: held back inside
+    atomic(), else at once; each announced on commit."""
+    for event in events:
+        if not _held_back(event):
+            if connection.vendor == "postgresql":
+                _append_linked([event])
+            else:
+                _append_locked(event)
+    _announce(events)
+
+
+def _announce(events: Sequence[AuditEvent]) -> None:
+    for event in events:
+        signals.send_on_commit(signals.audit_event_committed, sender=AuditEvent, event=event)
 
 
 def _link(event: AuditEvent, seq: int, head: str) -> None:
@@ -162,6 +186,7 @@ def _released(tenant_id: int) -> None:
 
 
 def _holding(tenant_id: int, seq: int, head: str) -> None:
+    _saw(tenant_id, seq, head)
     was = _guesses().get(tenant_id)
     _guesses()[tenant_id] = (seq, head, True)
     if was is None or not was[2]:
@@ -170,25 +195,57 @@ def _holding(tenant_id: int, seq: int, head: str) -> None:
         transaction.on_commit(lambda: _released(tenant_id))
 
 
+# The head this process last read or linked for each tenant, whichever thread or connection did:
+# the guess with which a change and its events go in one statement (_with_events). Only a
+# guess: the statement re-checks it under the tenant row's lock, and a wrong one (another
+# process appended since, or a transaction that linked it rolled back) costs nothing more than
+# the change and its events in two statements, as without a guess.
+_seen: dict[int, tuple[int, str]] = {}
+_seen_lock = threading.Lock()
+
+
+def _saw(tenant_id: int, seq: int, head: str) -> None:
+    # The latest sighting wins, even of a lower seq: a database restored or reset since.
+    with _seen_lock:
+        _seen[tenant_id] = (seq, head)
+
+
+def _last_seen(tenant_id: int) -> tuple[int, str] | None:
+    with _seen_lock:
+        return _seen.get(tenant_id)
+
+
 _INSERT_SQL: dict[int, str] = {}
+_INSERT_PARTS: dict[int, tuple[str, str]] = {}
 _INSERT_FIELDS: list = []
+
+
+def _insert_parts(rows: int) -> tuple[str, str]:
+    """The INSERT of `rows` events up to its FROM (`INSERT INTO ... SELECT events.*`), and the
+    VALUES it selects from (`(VALUES ...) AS events`), with a parameter for each field of each
+    event (_INSERT_FIELDS, in order)."""
+    if rows not in _INSERT_PARTS:
+        quote = connection.ops.quote_name
+        fields = [f for f in AuditEvent._meta.concrete_fields if not f.primary_key]
+        row = "(" + ", ".join(f"%s::{f.db_type(connection)}" for f in fields) + ")"
+        _INSERT_FIELDS[:] = fields
+        _INSERT_PARTS[rows] = (
+            f"INSERT INTO {quote(AuditEvent._meta.db_table)} "
+            f"({', '.join(quote(f.column) for f in fields)}) SELECT events.*",
+            f"(VALUES {', '.join([row] * rows)}) AS events",
+        )
+    return _INSERT_PARTS[rows]
 
 
 def _insert_sql(rows: int) -> str:
     """The statement that moves the head and inserts `rows` events linked to it, or nothing."""
     if rows not in _INSERT_SQL:
-        quote = connection.ops.quote_name
-        fields = [f for f in AuditEvent._meta.concrete_fields if not f.primary_key]
-        row = "(" + ", ".join(f"%s::{f.db_type(connection)}" for f in fields) + ")"
-        _INSERT_FIELDS[:] = fields
+        into, values = _insert_parts(rows)
         _INSERT_SQL[rows] = (
-            f"WITH moved AS (UPDATE {quote(Tenant._meta.db_table)} "
+            f"WITH moved AS (UPDATE {connection.ops.quote_name(Tenant._meta.db_table)} "
             "SET audit_seq = %s, audit_head = %s "
             "WHERE id = %s AND audit_seq = %s AND audit_head = %s RETURNING id) "
-            f"INSERT INTO {quote(AuditEvent._meta.db_table)} "
-            f"({', '.join(quote(f.column) for f in fields)}) "
-            f"SELECT events.* FROM moved, (VALUES {', '.join([row] * rows)}) AS events "
-            "RETURNING id, seq"
+            f"{into} FROM moved, {values} RETURNING id, seq"
         )
     return _INSERT_SQL[rows]
 
@@ -299,7 +356,12 @@ def atomic() -> Iterator[None]:
 
 
 def update_holding_head(
-    sql: str, params: Sequence[Any], *, returning: str, using: str = DEFAULT_DB_ALIAS
+    sql: str,
+    params: Sequence[Any],
+    *,
+    returning: str,
+    using: str = DEFAULT_DB_ALIAS,
+    events: Sequence[AuditEvent] = (),
 ) -> list[tuple]:
     """Run sql, an UPDATE (without RETURNING) of a table with a tenant_id column, and return
     `returning` (SQL) of each row it changed.
@@ -311,22 +373,45 @@ def update_holding_head(
     that an audit event follows costs two statements, not three. Nothing is locked when no row
     changed. Elsewhere it is the UPDATE ... RETURNING alone.
 
+    events: built events (new_event) of the changed rows' tenant, which record the change:
+    written after it when it changed a row, and only then (nothing is written when it changed
+    none). On PostgreSQL, when the head is where this process last saw it, in the same
+    statement: one statement for the change and its events (see _with_events).
+
     Raises RuntimeError outside a transaction (the lock would end with the statement).
     """
     conn = connections[using]
     if not conn.in_atomic_block:
         raise RuntimeError("update_holding_head must run inside a transaction")
     if conn.vendor == "postgresql":
-        return _update_holding_head_postgres(conn, sql, params, returning)
+        return _update_holding_head_postgres(conn, sql, params, returning, events)
     with conn.cursor() as cursor:
         cursor.execute(f"{sql} RETURNING {returning}", params)
-        return cursor.fetchall()
+        rows = cursor.fetchall()
+    if rows:
+        _write(events)
+    return rows
 
 
-def _update_holding_head_postgres(conn, sql: str, params: Sequence[Any], returning: str):
+def _update_holding_head_postgres(conn, sql: str, params: Sequence[Any], returning: str, events):
     tenants = conn.ops.quote_name(Tenant._meta.db_table)
+    changed = f"WITH changed AS ({sql} RETURNING tenant_id AS audit_tenant, {returning}), "
+    written = _with_events(conn, events, after="changed", before_lock="")
+    if written is not None:
+        ctes, extra = written
+        with conn.cursor() as cursor:
+            cursor.execute(
+                f"{changed}{ctes} SELECT moved.id, moved.audit_seq, moved.audit_head, "
+                "(SELECT array_agg(id ORDER BY seq) FROM linked), changed.* "
+                "FROM changed LEFT JOIN moved ON moved.id = changed.audit_tenant",
+                [*params, *extra],
+            )
+            rows = cursor.fetchall()
+        if rows:
+            _events_written(events, rows[0][:4])
+        return [row[5:] for row in rows]
     statement = (
-        f"WITH changed AS ({sql} RETURNING tenant_id AS audit_tenant, {returning}), "
+        f"{changed}"
         f"head AS (SELECT id, audit_seq, audit_head FROM {tenants} "
         "WHERE id IN (SELECT audit_tenant FROM changed) ORDER BY id FOR UPDATE) "
         "SELECT head.id, head.audit_seq, head.audit_head, changed.* "
@@ -335,19 +420,106 @@ def _update_holding_head_postgres(conn, sql: str, params: Sequence[Any], returni
     with conn.cursor() as cursor:
         cursor.execute(statement, params)
         rows = cursor.fetchall()
-    heads = {row[:3] for row in rows}
-    if len(heads) == 1:
-        ((tenant_id, seq, head),) = heads
-        if tenant_id is not None:
-            _holding(tenant_id, seq, head)
+    _hold_one({row[:3] for row in rows})
+    if rows:
+        _write(events)
     # Each row without the head and the changed row's tenant.
     return [row[4:] for row in rows]
 
 
-def update_queryset_holding_head(queryset: QuerySet, **values: Any) -> int:
-    """queryset.update(**values) through update_holding_head(): how many rows changed."""
+def _hold_one(heads: set[tuple[Any, Any, Any]]) -> None:
+    """Hold the head a statement read under its lock, when it read one tenant's: (tenant, seq,
+    head), the tenant None when nothing was locked."""
+    if len(heads) == 1:
+        ((tenant_id, seq, head),) = heads
+        if tenant_id is not None:
+            _holding(tenant_id, seq, head)
+
+
+# --- a change and its events in one statement --------------------------------------------------
+#
+# A change that an event records (a run's end, an effect's confirmation) takes the tenant's
+# head lock in its own statement (above), and the event is one more. When this process last saw
+# the head at (seq, hash), the events are linked to it beforehand and go in the change's own
+# statement: its `moved` CTE updates the tenant row (which takes its lock, after the change's
+# rows) and moves the head only if it still is (seq, hash), as _insert_sql's does, and `linked`
+# inserts the events only if it did. Either way the row is locked and `moved` returns the head
+# as it now is: a wrong guess writes no event, and the events are linked to the head it returned
+# in one more statement, as without a guess. The chain is linked under the lock in both cases.
+
+
+def _with_events(conn, events: Sequence[AuditEvent], *, after: str, before_lock: str):
+    """The CTEs `moved` and `linked` that write `events` after the change of CTE `after` (a
+    CTE with an audit_tenant column), and their parameters; None when they cannot go in one
+    statement (no events, no head seen, events held back in an open atomic(), several
+    tenants). before_lock: a condition on no column of the tenant, checked before its row is
+    locked (pair_statement's)."""
+    if not events or getattr(conn, "_audit_batch", None) is not None:
+        return None
+    tenant_id = events[0].tenant_id
+    guess = _last_seen(tenant_id)
+    if guess is None or any(event.tenant_id != tenant_id for event in events):
+        return None
+    seq, head = guess
+    linked_seq, linked_head = seq, head
+    for event in events:
+        _link(event, linked_seq, linked_head)
+        linked_seq, linked_head = event.seq, event.hash
+    into, values = _insert_parts(len(events))
+    quote = conn.ops.quote_name
+    ctes = (
+        f"moved AS (UPDATE {quote(Tenant._meta.db_table)} SET "
+        "audit_seq = CASE WHEN audit_seq = %s AND audit_head = %s THEN %s ELSE audit_seq END, "
+        "audit_head = CASE WHEN audit_seq = %s AND audit_head = %s THEN %s ELSE audit_head END "
+        f"WHERE id = %s AND id IN (SELECT audit_tenant FROM {after}){before_lock} "
+        "RETURNING id, audit_seq, audit_head), "
+        f"linked AS ({into} FROM moved, {values} "
+        "WHERE moved.audit_seq = %s AND moved.audit_head = %s RETURNING id, seq)"
+    )
+    extra = [
+        *(seq, head, linked_seq),
+        *(seq, head, linked_head),
+        tenant_id,
+        *(
+            f.get_db_prep_save(getattr(event, f.attname), conn)
+            for event in events
+            for f in _INSERT_FIELDS
+        ),
+        linked_seq,
+        linked_head,
+    ]
+    return ctes, extra
+
+
+def _events_written(events: Sequence[AuditEvent], head_and_ids: Sequence[Any]) -> None:
+    """After a statement of _with_events that changed something: (tenant, seq, head) is the
+    tenant's head as the statement left it (locked) and ids the events it inserted (None when
+    the head was not the guess: they are linked to that head and written now)."""
+    tenant_id, seq, head, ids = head_and_ids
+    if tenant_id is None:
+        raise RuntimeError(f"tenant {events[0].tenant_id}'s head was not locked with the change")
+    if ids:
+        for event, pk in zip(events, ids, strict=True):
+            event.pk = pk
+            event._state.adding = False
+            event._state.db = connection.alias
+        _holding(tenant_id, seq, head)
+    else:
+        _holding(tenant_id, seq, head)
+        if not _try_linked(list(events), seq, head):
+            raise RuntimeError(f"tenant {tenant_id}'s audit head moved under its row lock")
+    _announce(events)
+
+
+def update_queryset_holding_head(
+    queryset: QuerySet, *, events: Sequence[AuditEvent] = (), **values: Any
+) -> int:
+    """queryset.update(**values) through update_holding_head(), with its events: how many rows
+    changed."""
     update_sql, params = transitions.update_statement(queryset, **values)
-    return len(update_holding_head(update_sql, params, returning="1", using=queryset.db))
+    return len(
+        update_holding_head(update_sql, params, returning="1", using=queryset.db, events=events)
+    )
 
 
 def update_pair_holding_head(
@@ -358,6 +530,7 @@ def update_pair_holding_head(
     *,
     link: str,
     linked_to: str = "pk",
+    events: Sequence[AuditEvent] = (),
 ) -> tuple[int, int]:
     """transitions.update_pair(): first.update(**first_values), then then.update(**then_values)
     confined to the rows whose `link` column holds the `linked_to` column (the pk unless named)
@@ -369,7 +542,8 @@ def update_pair_holding_head(
     first, then then's (it reads first's changed rows, so it cannot run ahead of them), then the
     tenant's (its lock waits until every row of then is changed). The transaction's next
     append() for that tenant is then one statement. Nothing is locked or changed by then when
-    first changed nothing. Elsewhere transitions.update_pair() itself.
+    first changed nothing. Elsewhere transitions.update_pair() itself. events: as
+    update_holding_head's, written when first changed a row.
 
     Raises RuntimeError outside a transaction (the lock would end with the statement).
     """
@@ -380,10 +554,29 @@ def update_pair_holding_head(
         sql, params = pair_statement(
             first, first_values, then, then_values, link=link, linked_to=linked_to
         )
-        return send_pair_holding_head(sql, params, using=first.db)
-    return transitions.update_pair(
+        return send_pair_holding_head(sql, params, using=first.db, events=events)
+    counts = transitions.update_pair(
         first, first_values, then, then_values, link=link, linked_to=linked_to
     )
+    if counts[0]:
+        _write(events)
+    return counts
+
+
+# pair_statement()'s lock of the head and its answer: the last part of its statement, which
+# send_pair_holding_head() replaces when it writes events with the change.
+_PAIR_BEFORE_LOCK = " AND (SELECT count(*) FROM then_changed) >= 0"
+_PAIR_HEAD = (
+    "head AS (SELECT id, audit_seq, audit_head FROM {tenants} "
+    "WHERE id IN (SELECT audit_tenant FROM first_changed)"
+    # A condition on no column of the tenant, so checked once before its rows are read:
+    # then's rows are all changed (and locked) before the tenant's is locked.
+    f"{_PAIR_BEFORE_LOCK} "
+    "ORDER BY id FOR UPDATE) "
+    "SELECT (SELECT count(*) FROM first_changed), (SELECT count(*) FROM then_changed), "
+    "head.id, head.audit_seq, head.audit_head "
+    "FROM (SELECT 1) AS one LEFT JOIN head ON true"
+)
 
 
 def pair_statement(
@@ -409,35 +602,50 @@ def pair_statement(
         f"WITH first_changed AS ({first_sql} RETURNING {key} AS audit_linked, "
         "tenant_id AS audit_tenant), "
         f"then_changed AS ({then_sql} RETURNING 1), "
-        f"head AS (SELECT id, audit_seq, audit_head FROM {quote(Tenant._meta.db_table)} "
-        "WHERE id IN (SELECT audit_tenant FROM first_changed) "
-        # A condition on no column of the tenant, so checked once before its rows are read:
-        # then's rows are all changed (and locked) before the tenant's is locked.
-        "AND (SELECT count(*) FROM then_changed) >= 0 "
-        "ORDER BY id FOR UPDATE) "
-        "SELECT (SELECT count(*) FROM first_changed), (SELECT count(*) FROM then_changed), "
-        "head.id, head.audit_seq, head.audit_head "
-        "FROM (SELECT 1) AS one LEFT JOIN head ON true"
+        + _PAIR_HEAD.format(tenants=quote(Tenant._meta.db_table))
     )
     return statement, [*first_params, *then_params]
 
 
 def send_pair_holding_head(
-    sql: str, params: Sequence[Any], *, using: str = DEFAULT_DB_ALIAS
+    sql: str,
+    params: Sequence[Any],
+    *,
+    using: str = DEFAULT_DB_ALIAS,
+    events: Sequence[AuditEvent] = (),
 ) -> tuple[int, int]:
     """Send pair_statement()'s statement, on PostgreSQL inside a transaction, and hold the
-    tenant's audit head it read (update_pair_holding_head()); how many rows each part changed."""
+    tenant's audit head it read (update_pair_holding_head()); how many rows each part changed.
+    events: as update_holding_head's, written when first changed a row (in the same statement
+    when the head is where this process last saw it)."""
     conn = connections[using]
     if not conn.in_atomic_block:
         raise RuntimeError("send_pair_holding_head must run inside a transaction")
+    head_part = _PAIR_HEAD.format(tenants=conn.ops.quote_name(Tenant._meta.db_table))
+    if not sql.endswith(head_part):
+        raise ValueError("not a statement of pair_statement()")
+    written = _with_events(conn, events, after="first_changed", before_lock=_PAIR_BEFORE_LOCK)
+    if written is not None:
+        ctes, extra = written
+        with conn.cursor() as cursor:
+            cursor.execute(
+                f"{sql[: -len(head_part)]}{ctes} "
+                "SELECT (SELECT count(*) FROM first_changed), (SELECT count(*) FROM then_changed), "
+                "moved.id, moved.audit_seq, moved.audit_head, "
+                "(SELECT array_agg(id ORDER BY seq) FROM linked) "
+                "FROM (SELECT 1) AS one LEFT JOIN moved ON true",
+                [*params, *extra],
+            )
+            ((first_count, then_count, *head_and_ids),) = cursor.fetchall()
+        if first_count:
+            _events_written(events, head_and_ids)
+        return first_count, then_count
     with conn.cursor() as cursor:
         cursor.execute(sql, params)
         rows = cursor.fetchall()
-    heads = {row[2:] for row in rows}
-    if len(heads) == 1:
-        ((tenant_id, seq, head),) = heads
-        if tenant_id is not None:
-            _holding(tenant_id, seq, head)
+    _hold_one({row[2:] for row in rows})
+    if rows[0][0]:
+        _write(events)
     return rows[0][0], rows[0][1]
 
 

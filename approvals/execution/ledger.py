@@ -140,23 +140,25 @@ def perform(
             raise
         faults.point("after_effect")
         try:
+            done = audit.new_event(
+                tenant_id=scope.tenant_id,
+                action="effect.done",
+                actor_name=f"worker {scope.attempt}",
+                run_id=scope.run_id,
+                ticket_id=ticket_id,
+                tool_name=operation,
+                outcome=LedgerStatus.DONE,
+                detail={"resource": resource[:200]},
+            )
             with transaction.atomic():
-                # The record's update takes the audit head's lock too: one statement fewer.
+                # The record's update takes the audit head's lock and writes its event: one
+                # statement when the head is where this process last saw it, else two.
                 audit.update_queryset_holding_head(
                     IdempotencyRecord.objects.filter(pk=record.pk),
+                    events=[done],
                     status=LedgerStatus.DONE,
                     result=result,
                     completed_at=timezone.now(),
-                )
-                audit.append(
-                    tenant_id=scope.tenant_id,
-                    action="effect.done",
-                    actor_name=f"worker {scope.attempt}",
-                    run_id=scope.run_id,
-                    ticket_id=ticket_id,
-                    tool_name=operation,
-                    outcome=LedgerStatus.DONE,
-                    detail={"resource": resource[:200]},
                 )
         except Exception as error:
             # The effect ran, but that it did could not be recorded: its outcome is unknown to

@@ -11,6 +11,7 @@ to another worker stores nothing.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import os
@@ -249,28 +250,35 @@ def finish(run: Run, *, status: str, reason: str = "", final_output: str = "", a
         "output": final_output,
         "now": timezone.now(),
     }
+    # Written with the end it records, and only if the run ended.
+    ended = chain.new_event(
+        tenant_id=run.tenant_id,
+        action=action,
+        actor_name=f"worker {run.lease_owner}",
+        run_id=run.pk,
+        outcome=status,
+        detail={"reason": reason} if reason else {},
+    )
     with transaction.atomic():
         # The run, its tickets still pending, then the tenant's audit head (the order a decision
-        # locks them in): one statement on PostgreSQL, written once per process and shape.
+        # locks them in) and the event: one statement on PostgreSQL when the head is where this
+        # process last saw it (two when not), written once per process and shape.
         if connection.vendor == "postgresql":
             sql, params = statements.statement(
                 ("lease.finish", run.status, status),
                 lambda v: _ending(v, run.status, status, write=chain.pair_statement),
                 values,
             )
-            stored, _ = chain.send_pair_holding_head(sql, params)
+            stored, _ = chain.send_pair_holding_head(sql, params, events=[ended])
         else:
-            stored, _ = _ending(values, run.status, status, write=chain.update_pair_holding_head)
+            stored, _ = _ending(
+                values,
+                run.status,
+                status,
+                write=functools.partial(chain.update_pair_holding_head, events=[ended]),
+            )
         if not stored:
             return False
-        chain.append(
-            tenant_id=run.tenant_id,
-            action=action,
-            actor_name=f"worker {run.lease_owner}",
-            run_id=run.pk,
-            outcome=status,
-            detail={"reason": reason} if reason else {},
-        )
         hints.notify_on_commit(run.tenant_id, "run.changed", run=run.pk, status=status)
     return True
 

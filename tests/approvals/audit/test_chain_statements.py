@@ -10,6 +10,7 @@ import pytest
 from django.db import IntegrityError, connection, transaction
 from django.test.utils import CaptureQueriesContext
 
+from approvals import signals
 from approvals.audit import chain as audit
 from approvals.models import AuditEvent, Run, Tenant, Ticket, TicketStatus
 from tests.support import TenantFactory, paused_run, wait_until
@@ -119,6 +120,7 @@ def test_the_append_statement_known_answer(monkeypatch, rows):
     # Built once a process for each number of rows and kept: build it afresh here, as a new
     # worker does.
     monkeypatch.setattr(audit, "_INSERT_SQL", {})
+    monkeypatch.setattr(audit, "_INSERT_PARTS", {})
     monkeypatch.setattr(audit, "_INSERT_FIELDS", [])
 
     sql = audit._insert_sql(rows)
@@ -601,3 +603,199 @@ def test_events_held_back_are_linked_under_the_lock_when_the_guess_is_wrong():
 
     assert _outcomes(tenant) == ["before", "one", "two"]
     assert audit.verify_chain(tenant).ok
+
+
+# --- a change and the events that record it, in one statement ---------------------------------
+
+
+def _event(tenant, outcome: str):
+    return audit.new_event(tenant_id=tenant.pk, action="run.paused", outcome=outcome)
+
+
+def _retitle_with_event(run, title: str, *, was: str | None = None):
+    """Move the run's title (when it is still `was`) with the event that records it:
+    (rows changed, statements, the event)."""
+    event = _event(run.tenant, title)
+    with CaptureQueriesContext(connection) as queries, transaction.atomic():
+        changed = audit.update_queryset_holding_head(
+            Run.objects.filter(pk=run.pk, title=run.title if was is None else was),
+            events=[event],
+            title=title,
+        )
+    return changed, _statements(queries.captured_queries), event
+
+
+def _linked_last(tenant, event) -> None:
+    """The event is the tenant's last, linked to the one before it, and the head is its."""
+    last = AuditEvent.objects.filter(tenant=tenant).order_by("-seq").first()
+    assert last.pk == event.pk
+    assert last.prev_hash == AuditEvent.objects.get(tenant=tenant, seq=last.seq - 1).hash
+    tenant.refresh_from_db()
+    assert (tenant.audit_seq, tenant.audit_head) == (last.seq, last.hash)
+    assert audit.verify_chain(tenant).ok
+
+
+@POSTGRES_ONLY
+def test_a_change_and_its_event_are_one_statement_when_the_head_is_where_this_process_saw_it():
+    tenant = TenantFactory(slug="acme")
+    # The pause's events: this process saw the head they left.
+    run = paused_run(tenant)
+
+    changed, statements, event = _retitle_with_event(run, "moved")
+
+    assert changed == 1
+    assert len(statements) == 1, statements
+    assert event.pk is not None
+    run.refresh_from_db()
+    assert run.title == "moved"
+    _linked_last(tenant, event)
+
+
+def test_a_change_whose_head_moved_on_elsewhere_links_its_event_to_the_real_head():
+    tenant = TenantFactory(slug="acme")
+    run = paused_run(tenant)
+    # As if another process had appended since this one last saw the head.
+    audit._saw(tenant.pk, 1, "f" * 64)
+
+    changed, statements, event = _retitle_with_event(run, "moved")
+
+    assert changed == 1
+    if connection.vendor == "postgresql":
+        # The change with the lock (the guess refused under it), then the event.
+        assert len(statements) == 2, statements
+    _linked_last(tenant, event)
+
+
+def test_a_change_that_changes_nothing_writes_no_event():
+    tenant = TenantFactory(slug="acme")
+    run = paused_run(tenant)
+    head = Tenant.objects.values_list("audit_seq", "audit_head").get(pk=tenant.pk)
+
+    changed, _, event = _retitle_with_event(run, "moved", was="not this title")
+
+    assert changed == 0
+    assert event.pk is None
+    assert not AuditEvent.objects.filter(tenant=tenant, outcome="moved").exists()
+    assert Tenant.objects.values_list("audit_seq", "audit_head").get(pk=tenant.pk) == head
+    assert audit.verify_chain(tenant).ok
+
+
+@POSTGRES_ONLY
+def test_a_change_with_its_event_holds_the_tenants_row_until_the_transaction_ends():
+    tenant = TenantFactory(slug="acme")
+    run = paused_run(tenant)
+
+    with transaction.atomic():
+        audit.update_queryset_holding_head(
+            Run.objects.filter(pk=run.pk), events=[_event(tenant, "held")], title="held"
+        )
+        assert _locked_elsewhere(tenant)
+        # The transaction goes on holding the head it moved: its next event is one statement.
+        with CaptureQueriesContext(connection) as queries:
+            after = _append(tenant, "after")
+    assert len(_statements(queries.captured_queries)) == 1
+    assert not _locked_elsewhere(tenant)
+    _linked_last(tenant, after)
+
+
+def test_a_pair_and_its_event():
+    tenant = TenantFactory(slug="acme")
+    run = paused_run(tenant)
+    event = _event(tenant, "ended")
+
+    with CaptureQueriesContext(connection) as queries, transaction.atomic():
+        changed = audit.update_pair_holding_head(
+            Run.objects.filter(pk=run.pk),
+            {"title": "ended"},
+            Ticket.objects.filter(run=run, status=TicketStatus.PENDING),
+            {"status": TicketStatus.SUPERSEDED},
+            link="run_id",
+            events=[event],
+        )
+
+    assert changed == (1, 1)
+    if connection.vendor == "postgresql":
+        assert len(_statements(queries.captured_queries)) == 1
+    assert Ticket.objects.get(run=run).status == TicketStatus.SUPERSEDED
+    _linked_last(tenant, event)
+
+
+@pytest.mark.parametrize("guess", ["seen", "moved on"])
+def test_a_pair_sent_with_its_events_writes_them_whatever_the_guess(guess):
+    tenant = TenantFactory(slug="acme")
+    run = paused_run(tenant)
+    if guess == "moved on":
+        audit._saw(tenant.pk, 1, "f" * 64)
+    events = [_event(tenant, "ended"), _event(tenant, "and then")]
+
+    with transaction.atomic():
+        if connection.vendor == "postgresql":
+            sql, params = audit.pair_statement(
+                Run.objects.filter(pk=run.pk),
+                {"title": "ended"},
+                Ticket.objects.filter(run=run, status=TicketStatus.PENDING),
+                {"status": TicketStatus.SUPERSEDED},
+                link="run_id",
+            )
+            changed = audit.send_pair_holding_head(sql, params, events=events)
+        else:
+            changed = _pair(run)
+            for event in events:
+                audit.append(tenant_id=tenant.pk, action="run.paused", outcome=event.outcome)
+
+    assert changed == (1, 1)
+    assert _outcomes(tenant)[-2:] == ["ended", "and then"]
+    assert audit.verify_chain(tenant).ok
+
+
+def test_a_pair_that_changes_nothing_writes_no_event():
+    tenant = TenantFactory(slug="acme")
+    run = paused_run(tenant)
+    before = _outcomes(tenant)
+
+    with transaction.atomic():
+        changed = audit.update_pair_holding_head(
+            Run.objects.filter(pk=run.pk, title="not this title"),
+            {"title": "ended"},
+            Ticket.objects.filter(run=run, status=TicketStatus.PENDING),
+            {"status": TicketStatus.SUPERSEDED},
+            link="run_id",
+            events=[_event(tenant, "ended")],
+        )
+
+    assert changed == (0, 0)
+    assert _outcomes(tenant) == before
+    assert Ticket.objects.get(run=run).status == TicketStatus.PENDING
+
+
+def test_a_change_with_its_event_inside_atomic_keeps_the_order_of_the_appends():
+    tenant = TenantFactory(slug="acme")
+    run = paused_run(tenant)
+
+    with audit.atomic():
+        _append(tenant, "one")
+        audit.update_queryset_holding_head(
+            Run.objects.filter(pk=run.pk), events=[_event(tenant, "two")], title="two"
+        )
+        _append(tenant, "three")
+
+    assert _outcomes(tenant)[-3:] == ["one", "two", "three"]
+    assert audit.verify_chain(tenant).ok
+
+
+def test_a_change_with_its_event_announces_the_event_once_committed():
+    tenant = TenantFactory(slug="acme")
+    run = paused_run(tenant)
+    seen = []
+
+    def heard(sender, event, **kwargs):
+        seen.append(event.pk)
+
+    signals.audit_event_committed.connect(heard)
+    try:
+        changed, _, event = _retitle_with_event(run, "moved")
+    finally:
+        signals.audit_event_committed.disconnect(heard)
+
+    assert changed == 1
+    assert seen == [event.pk]

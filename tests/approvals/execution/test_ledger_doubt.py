@@ -228,10 +228,12 @@ def test_an_effect_whose_confirmation_cannot_be_stored_is_in_doubt_and_stops_the
     scope = scope_of(run, attempt="w3")
     ran = []
 
-    def refuse(**fields):
+    def refuse(queryset, *, events=(), **values):
+        # The record is confirmed, then writing its audit event fails.
+        queryset.update(**values)
         raise DatabaseError("disk full")
 
-    monkeypatch.setattr(ledger.audit, "append", refuse)
+    monkeypatch.setattr(ledger.audit, "update_queryset_holding_head", refuse)
     reason = (
         "deploy_release on production ran in attempt w3 but its confirmation could not be "
         "stored (DatabaseError); check whether it happened"

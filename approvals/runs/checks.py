@@ -5,7 +5,8 @@ from __future__ import annotations
 from datetime import timedelta
 
 from django.conf import settings
-from django.db.models import QuerySet
+from django.contrib.auth import get_user_model
+from django.db.models import F, FilteredRelation, Q, QuerySet
 from django.utils import timezone
 
 from approvals import members
@@ -36,8 +37,61 @@ class Unavailable(Exception):
     """Something the run needs is unreachable right now; nothing ran, so it can wait and retry."""
 
 
-def check_before_resume(run: Run, tickets: list[Ticket]) -> None:
-    """Everything that must hold before any of the stored state is used."""
+# The columns of a vote and of its voter that decided_tickets() reads with each ticket, each
+# under a name of its own: (attribute, the annotation's name).
+_VOTE_COLUMNS = [(f.attname, f"vote_{f.attname}") for f in TicketVote._meta.concrete_fields]
+_VOTER_COLUMNS = [(f.attname, f"voter_{f.attname}") for f in get_user_model()._meta.concrete_fields]
+
+
+def decided_tickets(run: Run) -> tuple[list[Ticket], dict[int, list[TicketVote]]]:
+    """The tickets of the run's current state (in pk order, each with its decider) and the
+    valid votes on each (in pk order, each with its voter and the voter's role in the tenant
+    now, as check_before_resume() needs them): one query, written once per process. A ticket
+    without a valid vote has an empty list."""
+    values = {"run": run.pk, "generation": run.state_generation, "tenant": run.tenant_id}
+    tickets: dict[int, Ticket] = {}
+    votes_of: dict[int, list[TicketVote]] = {}
+    users = get_user_model()
+    for row in statements.objects("checks.decided_tickets", _decided_tickets, values):
+        ticket = tickets.setdefault(row.pk, row)
+        votes = votes_of.setdefault(row.pk, [])
+        vote_values = [getattr(row, name) for _, name in _VOTE_COLUMNS]
+        voter_values = [getattr(row, name) for _, name in _VOTER_COLUMNS]
+        role = row.voter_role
+        for _, name in (*_VOTE_COLUMNS, *_VOTER_COLUMNS, (None, "voter_role")):
+            delattr(row, name)
+        if vote_values[0] is None:
+            continue
+        vote = TicketVote.from_db(ticket._state.db, [a for a, _ in _VOTE_COLUMNS], vote_values)
+        vote.user = users.from_db(ticket._state.db, [a for a, _ in _VOTER_COLUMNS], voter_values)
+        vote.voter_role = role
+        votes.append(vote)
+    return list(tickets.values()), votes_of
+
+
+def _decided_tickets(values) -> QuerySet[Ticket]:
+    """decided_tickets()'s read: a row for each valid vote on each ticket (one with no vote for
+    a ticket without), the vote's and its voter's columns as annotations."""
+    return (
+        Ticket.objects.filter(run_id=values["run"], generation=values["generation"])
+        .select_related("decided_by")
+        .annotate(
+            valid_vote=FilteredRelation("votes", condition=Q(votes__invalidated_at__isnull=True))
+        )
+        .annotate(
+            **{name: F(f"valid_vote__{attname}") for attname, name in _VOTE_COLUMNS},
+            **{name: F(f"valid_vote__user__{attname}") for attname, name in _VOTER_COLUMNS},
+            voter_role=members.role_in(values["tenant"], "valid_vote__user_id"),
+        )
+        .order_by("pk", "valid_vote__id")
+    )
+
+
+def check_before_resume(
+    run: Run, tickets: list[Ticket], votes_of: dict[int, list[TicketVote]] | None = None
+) -> None:
+    """Everything that must hold before any of the stored state is used. votes_of: the valid
+    votes on each ticket as decided_tickets() reads them; read here when not given."""
     if run.attempts > settings.APPROVALS_MAX_ATTEMPTS:
         raise Refusal(
             f"resumed {run.attempts - 1} times without finishing; look at the worker logs"
@@ -74,7 +128,7 @@ def check_before_resume(run: Run, tickets: list[Ticket]) -> None:
         t for t in tickets if t.status == TicketStatus.APPROVED and t.decision_source != "rule"
     ]
     if approved:
-        _check_approvals(run, approved)
+        _check_approvals(run, approved, votes_of)
     blocker = registry.resume_blocker(run)
     if blocker:
         raise Refusal(f"{REGENERATE}: {blocker}")
@@ -92,15 +146,21 @@ def _votes(values) -> QuerySet[TicketVote]:
     )
 
 
-def _check_approvals(run: Run, approved: list[Ticket]) -> None:
+def _check_approvals(
+    run: Run, approved: list[Ticket], known: dict[int, list[TicketVote]] | None
+) -> None:
     """Each approval still stands: its approver and every voter whose approval counted may still
     approve (membership and groups as they are now), none of them requested the call, and the
     quorum is still met. One query for all the tickets: their votes, each with its voter's
     membership as it is now; a second only for approvers who have no vote among them."""
     votes_of: dict[int, list[TicketVote]] = {t.pk: [] for t in approved}
     memberships = {}
-    values = {"tenant": run.tenant_id, **{f"ticket{n}": t.pk for n, t in enumerate(approved)}}
-    for vote in statements.objects(("checks.votes", len(approved)), _votes, values):
+    if known is None:
+        values = {"tenant": run.tenant_id, **{f"ticket{n}": t.pk for n, t in enumerate(approved)}}
+        read = statements.objects(("checks.votes", len(approved)), _votes, values)
+    else:
+        read = [vote for t in approved for vote in known.get(t.pk, [])]
+    for vote in read:
         votes_of[vote.ticket_id].append(vote)
         membership = members.membership_from_role(vote.user, run.tenant_id, vote.voter_role)
         if membership is not None:

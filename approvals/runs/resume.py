@@ -7,9 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from agents import RunState
-from django.db.models import QuerySet
 
-from approvals.core import crypto, statements
+from approvals.core import crypto
 from approvals.core.canonical import arguments_digest
 from approvals.decisions.tickets import PendingCall
 from approvals.execution import ledger, queue, registry, state
@@ -106,32 +105,23 @@ def resume(*, run_id: int, worker_id: str | None = None) -> ResumeOutcome:
     run = lease.claim(run_id, worker_id, lease.RESUME)
     if run is None:
         return lease.not_claimed(run_id)
-    tickets = statements.objects(
-        "resume.tickets", _tickets, {"run": run.pk, "generation": run.state_generation}
-    )
+    tickets, votes_of = checks.decided_tickets(run)
     scope = ledger.ResumeScope(
         tenant_id=run.tenant_id,
         run_id=run.pk,
         attempt=f"{worker_id}#{run.attempts}",
         tickets_by_call_id={t.tool_call_id: t.pk for t in tickets},
     )
-    outcome = _attempt(run, tickets, scope)
+    outcome = _attempt(run, tickets, votes_of, scope)
     outcome.decisions = queue.decision_words(tickets)
     return outcome
 
 
-def _tickets(values) -> QuerySet[Ticket]:
-    """The tickets of the run's current state, with their deciders (written once per process)."""
-    return (
-        Ticket.objects.filter(run_id=values["run"], generation=values["generation"])
-        .select_related("decided_by")
-        .order_by("pk")
-    )
-
-
-def _attempt(run: Run, tickets: list[Ticket], scope: ledger.ResumeScope) -> ResumeOutcome:
+def _attempt(
+    run: Run, tickets: list[Ticket], votes_of: dict, scope: ledger.ResumeScope
+) -> ResumeOutcome:
     try:
-        checks.check_before_resume(run, tickets)
+        checks.check_before_resume(run, tickets, votes_of)
         try:
             state_json = state.open_state(run)
         except crypto.CryptoError as error:

@@ -41,14 +41,15 @@ def test_statements_of_a_resume_that_completes():
 
     assert outcome.status == RunStatus.COMPLETED
     # The worker: the claim (its UPDATE ... RETURNING, which takes the audit head's lock on
-    # PostgreSQL, and its audit event), the tickets, their votes with their voters'
-    # memberships, the outcome (on PostgreSQL one statement moves the run, supersedes its
-    # pending tickets, takes the tenant's lock, in the order run, tickets, tenant, as a
-    # decision takes them, and writes its audit event: the head is where this process last saw
-    # it, after the tool's event). The tool: the ledger's claim, and its confirmation with the
-    # head's lock and its audit event (one statement: the head is where the claim left it).
+    # PostgreSQL, and its audit event), the tickets with their valid votes and each voter's
+    # membership (one query), the outcome (on PostgreSQL one statement moves the run,
+    # supersedes its pending tickets, takes the tenant's lock, in the order run, tickets,
+    # tenant, as a decision takes them, and writes its audit event: the head is where this
+    # process last saw it, after the tool's event). The tool: the ledger's claim, and its
+    # confirmation with the head's lock and its audit event (one statement: the head is where
+    # the claim left it).
     # On SQLite each transaction is a BEGIN IMMEDIATE statement and an append is three.
-    expected = {"postgresql": (5, 2), "sqlite": (13, 6)}[connection.vendor]
+    expected = {"postgresql": (4, 2), "sqlite": (12, 6)}[connection.vendor]
     assert (counts["main"], counts["other"]) == expected, counts.log
 
 

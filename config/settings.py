@@ -150,9 +150,12 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 REDIS_URL = env_str("REDIS_URL")
 CHANNEL_LAYERS = {
     "default": {
-        "BACKEND": "channels_redis.core.RedisChannelLayer",
-        # channels-redis blocks up to 5 s reading a channel and redis-py's default socket
-        # timeout is also 5 s: without room between them idle socket reads time out.
+        # Live hints are said once and may be lost (a page re-reads on reconnect and polls):
+        # Redis pub/sub carries each in one PUBLISH, where the list-based layer spent four round
+        # trips (the group's expiry and members, each channel's expiry, a script adding the
+        # message to each channel) on every hint. Groups are the processes' own subscriptions.
+        "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
+        # redis-py's default socket timeout is 5 s; reads of an idle connection get room.
         "CONFIG": {
             "hosts": [{"address": REDIS_URL, "socket_timeout": 15, "socket_connect_timeout": 3}]
         },

@@ -50,5 +50,14 @@ class Completions:
 
     def close(self) -> None:
         self._run(self._layer.group_discard(self._group, self._channel))
-        self._run(self._layer.close_pools())
+        self._run(self._close())
         self._loop.close()
+
+    async def _close(self) -> None:
+        # The pub/sub layer: this process's subscriptions and connection (flush() of the
+        # list-based layer would delete every process's messages and groups instead).
+        close_pools = getattr(self._layer, "close_pools", None)
+        if close_pools is not None:
+            await close_pools()
+        else:
+            await self._layer.flush()

@@ -23,7 +23,7 @@ def redis_layer(settings):
         pytest.skip(f"no Redis at {REDIS_TEST_URL}")
     settings.CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
             "CONFIG": {"hosts": [REDIS_TEST_URL], "prefix": f"test-bench:{uuid.uuid4().hex}"},
         }
     }

@@ -47,7 +47,7 @@ def layer(request, settings, monkeypatch):
             pytest.skip(f"no Redis at {REDIS_TEST_URL}")
         settings.CHANNEL_LAYERS = {
             "default": {
-                "BACKEND": "channels_redis.core.RedisChannelLayer",
+                "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
                 "CONFIG": {
                     "hosts": [REDIS_TEST_URL],
                     "prefix": f"test-signed-out:{uuid.uuid4().hex}",

@@ -16,7 +16,20 @@ from typing import Any
 from channels.layers import DEFAULT_CHANNEL_LAYER, InMemoryChannelLayer, channel_layers
 
 from approvals.live import hints
-from approvals.models import TERMINAL_RUN_STATUSES
+from approvals.models import TERMINAL_RUN_STATUSES, AuditEvent
+from devtools.bench.stats import summary_ms
+
+# The steps of approve to completed, each between two moments: the decision sent and answered
+# (the bench's clock), the worker's claim, the effect done and the run's end (the times of
+# their audit events, taken as each is built: the claim's after its statement, the effect's
+# right after the effect, the end's just before its statement), the end heard (the bench).
+PHASES = (
+    ("decision", "sent", "answered"),
+    ("answer_to_claim", "answered", "run.resuming"),
+    ("claim_to_effect", "run.resuming", "effect.done"),
+    ("effect_to_end", "effect.done", "run.completed"),
+    ("end_to_heard", "run.completed", "heard"),
+)
 
 
 class Completions:
@@ -61,3 +74,23 @@ class Completions:
             await close_pools()
         else:
             await self._layer.flush()
+
+
+def phases(moments: list[tuple[int, float, float, float]]) -> dict[str, dict[str, float]]:
+    """Where approve to completed went, step by step (PHASES), from (run id, sent, answered,
+    heard) of each decision (time.time()) and the audit events of its run: each step's
+    summary in ms, over the runs whose events are all there."""
+    times: dict[int, dict[str, float]] = {}
+    events = AuditEvent.objects.filter(
+        run_id__in=[run_id for run_id, *_ in moments],
+        action__in=["run.resuming", "effect.done", "run.completed"],
+    ).values_list("run_id", "action", "created_at")
+    for run_id, action, created_at in events:
+        times.setdefault(run_id, {})[action] = created_at.timestamp()
+    steps: dict[str, list[float]] = {name: [] for name, _, _ in PHASES}
+    for run_id, sent, answered, heard in moments:
+        at = {**times.get(run_id, {}), "sent": sent, "answered": answered, "heard": heard}
+        if all(start in at and end in at for _, start, end in PHASES):
+            for name, start, end in PHASES:
+                steps[name].append(at[end] - at[start])
+    return {name: summary_ms(values) for name, values in steps.items() if values}

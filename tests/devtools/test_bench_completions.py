@@ -9,8 +9,12 @@ import redis
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 
+from approvals.decisions.decide import decide
 from approvals.live import hints
-from devtools.bench.completions import Completions
+from approvals.models import AuditEvent, Role, Ticket
+from approvals.runs.resume import resume
+from devtools.bench.completions import Completions, phases
+from tests.support import TenantFactory, member, paused_run
 
 REDIS_TEST_URL = "redis://127.0.0.1:6379/14"
 
@@ -65,3 +69,34 @@ def test_the_in_memory_layer_is_refused(settings):
     settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
     with pytest.raises(RuntimeError, match="REDIS_URL"):
         Completions(7)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_phases_of_approve_to_completed_come_from_the_runs_audit_events():
+    tenant = TenantFactory(slug="acme")
+    run = paused_run(tenant, requested_by=member(tenant, Role.VIEWER, "req"))
+    decide(Ticket.objects.get(run=run), user=member(tenant, Role.APPROVER, "ann"), approve=True)
+    resume(run_id=run.pk, worker_id="w")
+    at = {
+        action: created_at.timestamp()
+        for action, created_at in AuditEvent.objects.filter(run=run).values_list(
+            "action", "created_at"
+        )
+    }
+    claimed, effect, ended = at["run.resuming"], at["effect.done"], at["run.completed"]
+
+    steps = phases([(run.pk, claimed - 0.010, claimed - 0.002, ended + 0.003), (999, 0, 1, 2)])
+
+    def ms(seconds: float) -> float:
+        return round(seconds * 1000, 2)
+
+    # The run without events (999) is left out; each step is one run's.
+    assert {name: s["n"] for name, s in steps.items()} == dict.fromkeys(
+        ["decision", "answer_to_claim", "claim_to_effect", "effect_to_end", "end_to_heard"], 1
+    )
+    assert steps["decision"]["p50"] == 8.0
+    assert steps["answer_to_claim"]["p50"] == 2.0
+    assert steps["claim_to_effect"]["p50"] == ms(effect - claimed)
+    assert steps["effect_to_end"]["p50"] == ms(ended - effect)
+    assert steps["end_to_heard"]["p50"] == 3.0
+    assert claimed < effect < ended

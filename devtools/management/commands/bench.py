@@ -26,7 +26,7 @@ from devtools import processes
 from devtools.bench import api_submit, database, pages, queries, sdk, silent, stats
 from devtools.bench import clones as cloning
 from devtools.bench import report as bench_report
-from devtools.bench.completions import Completions
+from devtools.bench.completions import Completions, phases
 from devtools.processes import ConsoleClient
 from notifications.fan_out import catch_up
 
@@ -283,13 +283,18 @@ class Command(BaseCommand):
         time.sleep(2)  # the workers are up and listening
         heard = Completions(tenant.pk)
         decisions, completions, statuses = [], [], []
+        # When each decision was sent, answered and its run heard finishing (the host's clock,
+        # which the audit events' times are on too): where the time went (completions.phases).
+        moments: list[tuple[int, float, float, float]] = []
         sessions_before = database.sessions_opened()
         try:
             for n, clone in enumerate(clones):
                 client = clients[n % len(clients)]
+                sent = time.time()
                 t0 = time.perf_counter()
                 status = client.decide(clone.ticket_id).status
                 t1 = time.perf_counter()
+                answered = time.time()
                 statuses.append(status)
                 try:
                     heard.finished(clone.run_id, timeout=30)
@@ -299,6 +304,7 @@ class Command(BaseCommand):
                         + "\n".join(p.tail() for p in workers)
                     ) from None
                 t2 = time.perf_counter()
+                moments.append((clone.run_id, sent, answered, time.time()))
                 if not Run.objects.filter(
                     pk=clone.run_id, status=RunStatus.COMPLETED, effects__status="done"
                 ).exists():
@@ -312,6 +318,7 @@ class Command(BaseCommand):
         run_ids = [c.run_id for c in clones]
         result = {
             "approve_to_completed_ms": stats.summary_ms(completions[warm:]),
+            "approve_to_completed_phases_ms": phases(moments[warm:]),
             "decision_ms": stats.summary_ms(decisions[warm:]),
             "http_statuses": {str(s): statuses.count(s) for s in set(statuses)},
             "http_runs": cloning.statuses(run_ids),

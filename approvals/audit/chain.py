@@ -376,7 +376,8 @@ def update_holding_head(
     events: built events (new_event) of the changed rows' tenant, which record the change:
     written after it when it changed a row, and only then (nothing is written when it changed
     none). On PostgreSQL, when the head is where this process last saw it, in the same
-    statement: one statement for the change and its events (see _with_events).
+    statement: one statement for the change and its events (see _with_events), which locks
+    the events' tenant only: give events only with a change of that tenant's rows.
 
     Raises RuntimeError outside a transaction (the lock would end with the statement).
     """
@@ -408,7 +409,10 @@ def _update_holding_head_postgres(conn, sql: str, params: Sequence[Any], returni
             )
             rows = cursor.fetchall()
         if rows:
-            _events_written(events, rows[0][:4])
+            # The events' tenant's row (moved names it); rows of another tenant, which the
+            # changes of callers passing events never are, leave it NULL and unlocked.
+            ours = [row for row in rows if row[0] is not None]
+            _events_written(events, (ours or rows)[0][:4])
         return [row[5:] for row in rows]
     statement = (
         f"{changed}"

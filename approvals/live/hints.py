@@ -110,7 +110,8 @@ class _SenderLoop:
         self.send_many([(group, message)])
 
     def send_many(self, hints: list[tuple[str, dict[str, Any]]], *, here: bool = False) -> None:
-        """Every hint at once, their Redis round trips overlapping; failures are logged. here:
+        """Every hint in one hand-over, their group_sends side by side (the pub/sub layer
+        publishes one at a time on its connection); failures are logged. here:
         called on the server's loop, in its own thread (which then sends them)."""
         with self._settled:
             self._pending += 1
@@ -167,7 +168,7 @@ class _SenderLoop:
 async def _group_send_all(
     layer, hints: list[tuple[str, dict[str, Any]]]
 ) -> list[BaseException | None]:
-    """Send every hint at once (their Redis round trips overlap); each one's error, or None."""
+    """Send every hint side by side (gathered); each one's error, or None."""
     results = await asyncio.gather(
         *(layer.group_send(group, message) for group, message in hints), return_exceptions=True
     )
@@ -210,8 +211,8 @@ def batched() -> Iterator[None]:
 
     For a transaction opened inside the block: its commit runs the hints' on_commit callbacks
     there (a rolled-back savepoint's never run, as without a batch), and their hints then go
-    out in one hop to the layer's loop, their Redis round trips overlapping, rather than one
-    hop and round trips after another. The order between the hints of one batch is not kept:
+    out in one hop to the layer's loop, their group_sends gathered, rather than one hop
+    after another. The order between the hints of one batch is not kept:
     each says only what to re-read. Hints whose callbacks run after the block (an outer
     transaction commits later) are sent on their own, as usual. Nested blocks join the outer.
     Side effects: after the block, the held hints are sent (failures logged, never raised).

@@ -81,10 +81,16 @@ def phases(moments: list[tuple[int, float, float, float]]) -> dict[str, dict[str
     heard) of each decision (time.time()) and the audit events of its run: each step's
     summary in ms, over the runs whose events are all there."""
     times: dict[int, dict[str, float]] = {}
-    events = AuditEvent.objects.filter(
-        run_id__in=[run_id for run_id, *_ in moments],
-        action__in=["run.resuming", "effect.done", "run.completed"],
-    ).values_list("run_id", "action", "created_at")
+    events = (
+        AuditEvent.objects.filter(
+            run_id__in=[run_id for run_id, *_ in moments],
+            action__in=["run.resuming", "effect.done", "run.completed"],
+        )
+        .order_by("seq")
+        .values_list("run_id", "action", "created_at")
+    )
+    # In chain order, the last of each: a run claimed again, or with several effects, is timed
+    # by the attempt and the effect that led to its end.
     for run_id, action, created_at in events:
         times.setdefault(run_id, {})[action] = created_at.timestamp()
     steps: dict[str, list[float]] = {name: [] for name, _, _ in PHASES}

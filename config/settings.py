@@ -150,14 +150,26 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 REDIS_URL = env_str("REDIS_URL")
 CHANNEL_LAYERS = {
     "default": {
-        # Live hints are said once and may be lost (a page re-reads on reconnect and polls):
-        # Redis pub/sub carries each in one PUBLISH, where the list-based layer spent four round
-        # trips (the group's expiry and members, each channel's expiry, a script adding the
-        # message to each channel) on every hint. Groups are the processes' own subscriptions.
+        # Live hints are said once and may be lost (a page re-reads on reconnect and polls, and
+        # a socket re-reads its user's session and memberships every
+        # APPROVALS_LIVE_RECHECK_SECONDS): Redis pub/sub carries each in one PUBLISH, where the
+        # list-based layer spent four round trips (the group's expiry and members, each
+        # channel's expiry, a script adding the message to each channel) on every hint. Groups
+        # are the processes' own subscriptions.
         "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
-        # redis-py's default socket timeout is 5 s; reads of an idle connection get room.
         "CONFIG": {
-            "hosts": [{"address": REDIS_URL, "socket_timeout": 15, "socket_connect_timeout": 3}]
+            "hosts": [
+                {
+                    "address": REDIS_URL,
+                    "socket_timeout": 15,
+                    "socket_connect_timeout": 3,
+                    # A subscription's connection is idle between hints: a PING when it has been
+                    # quiet this long, and TCP keepalives, find a connection that died without
+                    # a word (a NAT or a proxy dropping it), so it reconnects and subscribes again.
+                    "health_check_interval": 30,
+                    "socket_keepalive": True,
+                }
+            ]
         },
     }
     if REDIS_URL
@@ -337,6 +349,9 @@ APPROVALS_RESUME_GRACE_SECONDS = env_int("APPROVALS_RESUME_GRACE_SECONDS", 300)
 APPROVALS_MAX_ATTEMPTS = env_int("APPROVALS_MAX_ATTEMPTS", 5, minimum=1)
 # With the in-memory channel layer, each web process reads new audit events this often.
 APPROVALS_LIVE_POLL_SECONDS = 0.5
+# An open live socket re-reads its user's memberships and whether its session still exists this
+# often, whatever it was told: a lost sign-out or membership message holds at most this long.
+APPROVALS_LIVE_RECHECK_SECONDS = env_int("APPROVALS_LIVE_RECHECK_SECONDS", 60, minimum=1)
 # Agent sessions: SQLite files are <dir>/<tenant>.sqlite3; Redis keys live under <prefix>:<tenant>.
 APPROVALS_SQLITE_SESSION_DIR = Path(
     env_str("APPROVALS_SQLITE_SESSION_DIR", str(BASE_DIR / "var" / "sessions"))

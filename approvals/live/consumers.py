@@ -6,10 +6,15 @@ group: when the user's memberships change it re-reads them and leaves (or joins)
 at once, and it forwards a hint only for a tenant the user belongs to, in a role that hears it.
 When some of the user's sessions end (approvals.signins), a socket whose own session ended
 closes with SIGNED_OUT_CODE, and the page says so instead of reconnecting.
+
+Those messages may be lost (the channel layer's delivery is at most once), so every
+APPROVALS_LIVE_RECHECK_SECONDS a socket also reads its user's memberships and its session again
+on its own: a lost message holds for at most that long.
 """
 
 from __future__ import annotations
 
+import asyncio
 from importlib import import_module
 
 from channels.db import database_sync_to_async
@@ -48,32 +53,49 @@ class ConsoleConsumer(AsyncWebsocketConsumer):
         self.user_id = user.pk
         session = self.scope.get("session")
         self.session_key = getattr(session, "session_key", None)
+        self.hearing = asyncio.Lock()
         await self._hear(await self._read_roles())
         self.tailing = tail.tail_needed()
         if self.tailing:
             await tail.audit_tail.subscribe(self.user_id)
         await self.accept()
+        self.rechecking = asyncio.ensure_future(self._recheck())
+
+    async def _recheck(self) -> None:
+        """Every APPROVALS_LIVE_RECHECK_SECONDS, whatever the socket was told: close when its
+        session ended, else hear the tenants its user belongs to now."""
+        while True:
+            await asyncio.sleep(settings.APPROVALS_LIVE_RECHECK_SECONDS)
+            if await database_sync_to_async(_session_ended)(self.session_key):
+                await self.close(code=SIGNED_OUT_CODE)
+                return
+            await self._hear(await self._read_roles())
 
     async def _read_roles(self) -> dict[int, str]:
         roles = await database_sync_to_async(members.roles_of)([self.user_id])
         return roles[self.user_id]
 
     async def _hear(self, roles: dict[int, str]) -> None:
-        """Join the groups these roles hear, and leave the others."""
-        self.roles = roles
-        wanted = {user_group(self.user_id)}
-        for tenant_id, role in roles.items():
-            wanted.add(tenant_group(tenant_id))
-            if role == Role.ADMIN:
-                wanted.add(admin_group(tenant_id))
-        for group in sorted(self.groups_joined - wanted):
-            await self.channel_layer.group_discard(group, self.channel_name)
-            self.groups_joined.discard(group)
-        for group in sorted(wanted - self.groups_joined):
-            await self.channel_layer.group_add(group, self.channel_name)
-            self.groups_joined.add(group)
+        """Join the groups these roles hear, and leave the others (one change at a time: a
+        message and the recheck may both change them)."""
+        async with self.hearing:
+            self.roles = roles
+            wanted = {user_group(self.user_id)}
+            for tenant_id, role in roles.items():
+                wanted.add(tenant_group(tenant_id))
+                if role == Role.ADMIN:
+                    wanted.add(admin_group(tenant_id))
+            for group in sorted(self.groups_joined - wanted):
+                await self.channel_layer.group_discard(group, self.channel_name)
+                self.groups_joined.discard(group)
+            for group in sorted(wanted - self.groups_joined):
+                await self.channel_layer.group_add(group, self.channel_name)
+                self.groups_joined.add(group)
 
     async def disconnect(self, code: int) -> None:
+        rechecking = getattr(self, "rechecking", None)
+        if rechecking is not None:
+            rechecking.cancel()
         for group in getattr(self, "groups_joined", set()):
             await self.channel_layer.group_discard(group, self.channel_name)
         if getattr(self, "tailing", False):

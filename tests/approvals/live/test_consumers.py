@@ -7,13 +7,14 @@ from asgiref.sync import async_to_sync
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
-from django.db import transaction
+from django.contrib.sessions.models import Session
+from django.db import connection, transaction
 
 from approvals.audit import chain as audit
 from approvals.decisions import claims
 from approvals.decisions.decide import decide
 from approvals.live import hints, tail
-from approvals.live.consumers import ConsoleConsumer
+from approvals.live.consumers import SIGNED_OUT_CODE, ConsoleConsumer
 from approvals.models import Membership, Role, Ticket
 from tests.support import (
     ORIGIN,
@@ -265,3 +266,70 @@ def test_consumer_stops_hearing_the_admins_hints_once_the_admin_is_downgraded():
     assert 'data-kind="delivery.changed"' in heard
     assert quiet is True
     assert f'data-ticket="{ticket.pk}"' in still["ticket.decided"]
+
+
+# --- what a socket finds out on its own, when a message about it was lost ---------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_socket_whose_session_ended_without_a_word_closes_at_its_next_recheck(settings):
+    settings.APPROVALS_LIVE_RECHECK_SECONDS = 0.05
+    cookie = session_cookie(member(TenantFactory(), Role.VIEWER))
+
+    async def scenario():
+        await get_channel_layer().flush()
+        communicator = socket(ORIGIN, cookie)
+        connected, _ = await communicator.connect()
+        assert connected
+        try:
+            # The session goes, and no message says so (as if it were lost).
+            await database_sync_to_async(lambda: Session.objects.all().delete())()
+            return await communicator.receive_output(timeout=5)
+        finally:
+            await communicator.disconnect()
+
+    assert async_to_sync(scenario)() == {"type": "websocket.close", "code": SIGNED_OUT_CODE}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_socket_whose_membership_ended_without_a_word_stops_hearing_at_its_next_recheck(
+    settings,
+):
+    settings.APPROVALS_LIVE_RECHECK_SECONDS = 0.05
+    tenant = TenantFactory()
+    user = member(tenant, Role.VIEWER, username="leaver")
+    requester, approver = member(tenant, Role.VIEWER), member(tenant, Role.APPROVER)
+    tickets = [pending_ticket(tenant, requested_by=requester) for _ in range(6)]
+    cookie = session_cookie(user)
+
+    def leave_silently() -> None:
+        # No signal, so no membership message: as if it were lost. (With the in-memory layer
+        # the audit tail reads memberships on its own as well; with Redis only the recheck does.)
+        with connection.cursor() as cursor:
+            cursor.execute(f"DELETE FROM {Membership._meta.db_table} WHERE user_id = %s", [user.pk])
+
+    async def scenario():
+        await get_channel_layer().flush()
+        communicator = socket(ORIGIN, cookie)
+        connected, _ = await communicator.connect()
+        assert connected
+        try:
+            await database_sync_to_async(approve)(tickets[0], approver)
+            heard = await decision_hints(communicator)
+            await database_sync_to_async(leave_silently)()
+            # Each later decision is heard until the socket's recheck finds the membership gone.
+            for ticket in tickets[1:]:
+                await database_sync_to_async(approve)(ticket, approver)
+                if await communicator.receive_nothing(timeout=0.5):
+                    return heard, True
+                # Heard: both hints, or one when the recheck came between them.
+                while not await communicator.receive_nothing(timeout=0.2):
+                    await communicator.receive_from(timeout=5)
+            return heard, False
+        finally:
+            await communicator.disconnect()
+
+    heard, went_quiet = async_to_sync(scenario)()
+
+    assert f'data-ticket="{tickets[0].pk}"' in heard["ticket.decided"]
+    assert went_quiet is True

@@ -109,7 +109,7 @@ def _movable_tickets(tickets: QuerySet[Ticket], to: str) -> QuerySet[Ticket]:
 
 # How a move is written: the UPDATE of the rows that may move, with the values (for move_runs
 # and move_tickets), or its SQL with RETURNING (move_run_returning). The default is the plain
-# statement; a caller whose move an audit event follows passes the chain's (audit.chain's
+# statement; a caller whose move an audit event follows passes the chain's (audit.changes'
 # update_queryset_holding_head, update_holding_head), which takes the chain head's lock in the
 # same statement.
 Update = Callable[..., int]
@@ -150,7 +150,7 @@ def update_pair(
 ) -> tuple[int, int]:
     """first.update(**first_values), then, when it changed a row, then.update(**then_values).
     link names then's column that points at first's rows, linked_to the column of first's rows
-    it holds (their pk unless named): a writer that sends both as one statement (audit.chain's
+    it holds (their pk unless named): a writer that sends both as one statement (audit.changes'
     update_pair_holding_head) confines then to the rows whose link is the linked_to of a row
     first changed; here then's queryset already names them."""
     moved = first.update(**first_values)
@@ -228,7 +228,7 @@ def decide_ticket(
     ticket's run, under the caller's conditions: execution.queue's rule that nothing else of
     its state is pending) to `run_to`, confined to the runs of the tickets that moved. Returns
     how many tickets and how many runs moved. write: how the two are sent (see UpdatePair);
-    audit.chain's update_pair_holding_head sends them as one statement with the chain head's
+    audit.changes' update_pair_holding_head sends them as one statement with the chain head's
     lock, last. Sent as one statement, the runs' conditions read the tickets as they were
     before it: a condition on the tickets must leave out the ones this decides.
 
@@ -266,7 +266,7 @@ def end_run(
     """move_runs() of `runs` (the run, as its holder still holds it) to an end status, then, if it
     moved, supersede_pending() of the run's tickets: the run's row first, then its tickets' (the
     order a decision locks them in). Returns how many runs moved. write: how the two are sent
-    (see UpdatePair); audit.chain's update_pair_holding_head sends them as one statement that
+    (see UpdatePair); audit.changes' update_pair_holding_head sends them as one statement that
     also takes the chain head's lock, last.
 
     Raises TransitionError as move_runs() does.
@@ -277,7 +277,7 @@ def end_run(
 
 def end_run_pair(run: Run, runs: QuerySet[Run], *, to: str, write: Callable[..., Any], **fields):
     """end_run()'s two moves handed to write, and what write returns: for a writer that returns
-    the statement unsent (audit.chain.pair_statement), to write it once per shape."""
+    the statement unsent (audit.changes.pair_statement), to write it once per shape."""
     fields.setdefault("updated_at", timezone.now())
     pending = _movable_tickets(Ticket.objects.filter(run=run), TicketStatus.SUPERSEDED)
     return write(

@@ -10,7 +10,7 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from approvals import members, transitions
-from approvals.audit import chain
+from approvals.audit import chain, changes
 from approvals.core import statements
 from approvals.decisions import calls, digest, factors, stepup
 from approvals.decisions.errors import (
@@ -102,7 +102,7 @@ def compare_and_set(
         won = transitions.move_tickets(
             _deciding(values),
             to=status,
-            write=chain.update_queryset_holding_head,
+            write=changes.update_queryset_holding_head,
             **_decision(values, always=always),
         )
     else:
@@ -141,7 +141,7 @@ def _decide_with_run(
     On PostgreSQL its one statement is written once per shape (core.statements); every decision
     sends it with its own ticket, run, person, time and message."""
 
-    def build(values, write=chain.pair_statement):
+    def build(values, write=changes.pair_statement):
         return transitions.decide_ticket(
             _deciding(values),
             to=status,
@@ -157,9 +157,9 @@ def _decide_with_run(
 
     values = {**values, "run": run.pk, "generation": run.state_generation}
     if connection.vendor != "postgresql":
-        return build(values, write=chain.update_pair_holding_head)
+        return build(values, write=changes.update_pair_holding_head)
     key = ("decide.compare_and_set", status, run_to, always)
-    return chain.send_pair_holding_head(*statements.statement(key, build, values))
+    return changes.send_pair_holding_head(*statements.statement(key, build, values))
 
 
 def _run_locked(values) -> QuerySet[Run]:

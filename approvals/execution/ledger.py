@@ -18,6 +18,7 @@ from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from approvals.audit import chain as audit
+from approvals.audit import changes
 from approvals.core import faults
 from approvals.core.canonical import canonical_json, sha256_hex
 from approvals.models import IdempotencyRecord, LedgerStatus
@@ -153,7 +154,7 @@ def perform(
             with transaction.atomic():
                 # The record's update takes the audit head's lock and writes its event: one
                 # statement when the head is where this process last saw it, else two.
-                audit.update_queryset_holding_head(
+                changes.update_queryset_holding_head(
                     IdempotencyRecord.objects.filter(pk=record.pk),
                     events=[done],
                     status=LedgerStatus.DONE,

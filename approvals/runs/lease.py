@@ -30,7 +30,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from approvals import transitions
-from approvals.audit import chain
+from approvals.audit import chain, changes
 from approvals.core import statements
 from approvals.core.redaction import redact
 from approvals.execution import ledger
@@ -98,7 +98,7 @@ def claim(run_id: int, worker_id: str, work: Work) -> Run | None:
         else:
             sql, params = _claiming(values, work)
         run = transitions.moved_run(
-            sql, params, to=work.holding, write=chain.update_holding_head, using=connection.alias
+            sql, params, to=work.holding, write=changes.update_holding_head, using=connection.alias
         )
         if run is None:
             return None
@@ -266,16 +266,16 @@ def finish(run: Run, *, status: str, reason: str = "", final_output: str = "", a
         if connection.vendor == "postgresql":
             sql, params = statements.statement(
                 ("lease.finish", run.status, status),
-                lambda v: _ending(v, run.status, status, write=chain.pair_statement),
+                lambda v: _ending(v, run.status, status, write=changes.pair_statement),
                 values,
             )
-            stored, _ = chain.send_pair_holding_head(sql, params, events=[ended])
+            stored, _ = changes.send_pair_holding_head(sql, params, events=[ended])
         else:
             stored, _ = _ending(
                 values,
                 run.status,
                 status,
-                write=functools.partial(chain.update_pair_holding_head, events=[ended]),
+                write=functools.partial(changes.update_pair_holding_head, events=[ended]),
             )
         if not stored:
             return False
@@ -307,7 +307,7 @@ def release(run: Run, *, reason: str) -> bool:
         released = transitions.move_runs(
             owned(run),
             to=back,
-            write=chain.update_queryset_holding_head,
+            write=changes.update_queryset_holding_head,
             status_reason=reason,
             lease_owner="",
             lease_expires_at=None,

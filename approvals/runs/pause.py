@@ -13,7 +13,7 @@ from django.db import connections
 from django.utils import timezone
 
 from approvals import signals, transitions
-from approvals.audit import chain
+from approvals.audit import chain, changes
 from approvals.core import faults, statements
 from approvals.core.redaction import secret_shape
 from approvals.decisions import tickets
@@ -178,7 +178,7 @@ def store_first_pause(
         sql, params = statements.statement("pause.store_first_pause", _first_pause, values)
     else:
         sql, params = _first_pause(values)
-    moved = chain.update_holding_head(sql, params, returning="1", using=run._state.db)
+    moved = changes.update_holding_head(sql, params, returning="1", using=run._state.db)
     if not moved:
         return None
     # What the move wrote, without reading it back.
@@ -250,7 +250,7 @@ def store_next_pause(
     transitions.move_runs(
         Run.objects.filter(pk=run.pk),
         to=RunStatus.PAUSED,
-        write=chain.update_queryset_holding_head,
+        write=changes.update_queryset_holding_head,
         **state.sealed_fields(run),
         **({"schema_version": schema_version} if schema_version is not None else {}),
         status_reason="",

@@ -9,7 +9,7 @@ import pytest
 from django.db import connection, transaction
 
 from approvals import transitions
-from approvals.audit import chain
+from approvals.audit import changes
 from approvals.models import Run, RunStatus, Ticket, TicketStatus
 from tests.support import TenantFactory, member, paused_run
 
@@ -123,7 +123,10 @@ def test_end_run_moves_the_run_then_supersedes_its_pending_tickets(run, write):
     run = _resuming(run)
     ticket = Ticket.objects.get(run=run)
     other = paused_run(run.tenant)
-    writer = {"plain": transitions.update_pair, "holding the head": chain.update_pair_holding_head}
+    writer = {
+        "plain": transitions.update_pair,
+        "holding the head": changes.update_pair_holding_head,
+    }
 
     with transaction.atomic():
         moved = transitions.end_run(
@@ -164,7 +167,7 @@ def test_end_run_refuses_an_unknown_status(run):
         transitions.end_run(run, Run.objects.filter(pk=run.pk), to="done")
 
 
-WRITERS = {"plain": transitions.update_pair, "holding the head": chain.update_pair_holding_head}
+WRITERS = {"plain": transitions.update_pair, "holding the head": changes.update_pair_holding_head}
 
 
 def _decide(ticket, run, *, runs=None, to=TicketStatus.APPROVED, write):

@@ -12,6 +12,7 @@ from django.test.utils import CaptureQueriesContext
 
 from approvals import signals
 from approvals.audit import chain as audit
+from approvals.audit import changes
 from approvals.models import AuditEvent, Run, Tenant, Ticket, TicketStatus
 from tests.support import TenantFactory, paused_run, wait_until
 
@@ -168,7 +169,7 @@ def test_a_head_that_moved_under_the_row_lock_is_an_error_naming_the_tenant(monk
 def _hold_and_append(run, outcome: str) -> tuple[int, list[str]]:
     """Move the run's title with update_queryset_holding_head, then append: (rows, statements)."""
     with CaptureQueriesContext(connection) as queries, transaction.atomic():
-        changed = audit.update_queryset_holding_head(Run.objects.filter(pk=run.pk), title=outcome)
+        changed = changes.update_queryset_holding_head(Run.objects.filter(pk=run.pk), title=outcome)
         _append(run.tenant, outcome)
     return changed, _statements(queries.captured_queries)
 
@@ -219,7 +220,7 @@ def test_an_update_holding_the_head_holds_the_tenants_row_until_the_transaction_
     run = paused_run(tenant)
 
     with transaction.atomic():
-        audit.update_queryset_holding_head(Run.objects.filter(pk=run.pk), title="held")
+        changes.update_queryset_holding_head(Run.objects.filter(pk=run.pk), title="held")
         assert _locked_elsewhere(tenant)
     assert not _locked_elsewhere(tenant)
 
@@ -231,7 +232,7 @@ def test_an_update_that_changes_nothing_locks_nothing_and_holds_no_head():
     head = Tenant.objects.values_list("audit_seq", flat=True).get(pk=tenant.pk)
 
     with CaptureQueriesContext(connection) as queries, transaction.atomic():
-        changed = audit.update_queryset_holding_head(
+        changed = changes.update_queryset_holding_head(
             Run.objects.filter(pk=run.pk, title="not this title"), title="held"
         )
         assert changed == 0
@@ -263,7 +264,7 @@ def test_an_update_holding_the_head_returns_the_changed_rows():
     runs = [paused_run(tenant), paused_run(tenant)]
 
     with transaction.atomic():
-        rows = audit.update_holding_head(
+        rows = changes.update_holding_head(
             'UPDATE "approvals_run" SET "title" = %s WHERE "id" IN (%s, %s)',
             ["both", runs[0].pk, runs[1].pk],
             returning='"id", "title"',
@@ -277,7 +278,7 @@ def test_an_update_holding_the_head_outside_a_transaction_is_refused():
     run = paused_run(tenant)
 
     with pytest.raises(RuntimeError) as raised:
-        audit.update_queryset_holding_head(Run.objects.filter(pk=run.pk), title="no")
+        changes.update_queryset_holding_head(Run.objects.filter(pk=run.pk), title="no")
 
     assert str(raised.value) == "update_holding_head must run inside a transaction"
     run.refresh_from_db()
@@ -305,7 +306,7 @@ def test_a_head_held_by_an_update_is_let_go_when_its_transaction_commits():
 def _pair(run, *, title: str = "ended", was: str | None = None) -> tuple[int, int]:
     """The run's title (when it is still `was`) and then its pending tickets' status changed as
     a pair, in the caller's transaction."""
-    return audit.update_pair_holding_head(
+    return changes.update_pair_holding_head(
         Run.objects.filter(pk=run.pk, title=run.title if was is None else was),
         {"title": title},
         Ticket.objects.filter(run=run, status=TicketStatus.PENDING),
@@ -350,7 +351,7 @@ def test_a_pair_outside_a_transaction_is_refused():
     run = paused_run(tenant)
 
     with pytest.raises(RuntimeError) as raised:
-        audit.update_pair_holding_head(
+        changes.update_pair_holding_head(
             Run.objects.filter(pk=run.pk),
             {"title": "no"},
             Ticket.objects.filter(run=run),
@@ -453,7 +454,7 @@ def test_events_held_back_by_atomic_are_one_statement_after_an_update_holding_th
     run = paused_run(tenant)
 
     with CaptureQueriesContext(connection) as queries, audit.atomic():
-        audit.update_queryset_holding_head(Run.objects.filter(pk=run.pk), title="moved")
+        changes.update_queryset_holding_head(Run.objects.filter(pk=run.pk), title="moved")
         events = [_append(tenant, outcome) for outcome in ("one", "two", "three")]
         # Held back: not in the database, no pk, until the block ends.
         assert [e.pk for e in events] == [None, None, None]
@@ -617,7 +618,7 @@ def _retitle_with_event(run, title: str, *, was: str | None = None):
     (rows changed, statements, the event)."""
     event = _event(run.tenant, title)
     with CaptureQueriesContext(connection) as queries, transaction.atomic():
-        changed = audit.update_queryset_holding_head(
+        changed = changes.update_queryset_holding_head(
             Run.objects.filter(pk=run.pk, title=run.title if was is None else was),
             events=[event],
             title=title,
@@ -686,7 +687,7 @@ def test_a_change_with_its_event_holds_the_tenants_row_until_the_transaction_end
     run = paused_run(tenant)
 
     with transaction.atomic():
-        audit.update_queryset_holding_head(
+        changes.update_queryset_holding_head(
             Run.objects.filter(pk=run.pk), events=[_event(tenant, "held")], title="held"
         )
         assert _locked_elsewhere(tenant)
@@ -704,7 +705,7 @@ def test_a_pair_and_its_event():
     event = _event(tenant, "ended")
 
     with CaptureQueriesContext(connection) as queries, transaction.atomic():
-        changed = audit.update_pair_holding_head(
+        changed = changes.update_pair_holding_head(
             Run.objects.filter(pk=run.pk),
             {"title": "ended"},
             Ticket.objects.filter(run=run, status=TicketStatus.PENDING),
@@ -730,14 +731,14 @@ def test_a_pair_sent_with_its_events_writes_them_whatever_the_guess(guess):
 
     with transaction.atomic():
         if connection.vendor == "postgresql":
-            sql, params = audit.pair_statement(
+            sql, params = changes.pair_statement(
                 Run.objects.filter(pk=run.pk),
                 {"title": "ended"},
                 Ticket.objects.filter(run=run, status=TicketStatus.PENDING),
                 {"status": TicketStatus.SUPERSEDED},
                 link="run_id",
             )
-            changed = audit.send_pair_holding_head(sql, params, events=events)
+            changed = changes.send_pair_holding_head(sql, params, events=events)
         else:
             changed = _pair(run)
             for event in events:
@@ -754,7 +755,7 @@ def test_a_pair_that_changes_nothing_writes_no_event():
     before = _outcomes(tenant)
 
     with transaction.atomic():
-        changed = audit.update_pair_holding_head(
+        changed = changes.update_pair_holding_head(
             Run.objects.filter(pk=run.pk, title="not this title"),
             {"title": "ended"},
             Ticket.objects.filter(run=run, status=TicketStatus.PENDING),
@@ -774,7 +775,7 @@ def test_a_change_with_its_event_inside_atomic_keeps_the_order_of_the_appends():
 
     with audit.atomic():
         _append(tenant, "one")
-        audit.update_queryset_holding_head(
+        changes.update_queryset_holding_head(
             Run.objects.filter(pk=run.pk), events=[_event(tenant, "two")], title="two"
         )
         _append(tenant, "three")

@@ -10,6 +10,7 @@ final output capped, the failure's reason, the decisions on its calls).
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
@@ -105,25 +106,56 @@ class Facts:
         return payload
 
 
-def facts_for(audit_event: AuditEvent, event: str, *, outline: bool = False) -> Facts:
+# What facts_for reads of an event's run: for every event, and for a run's end as well.
+_RUN_FIELDS = ("title", "requested_by__username", "tenant__slug", "tenant__name")
+_END_FIELDS = ("status", "status_reason", "final_output")
+
+
+def _runs(tenant_id: int, run_ids, *, ends: bool):
+    return (
+        Run.objects.select_related("tenant", "requested_by")
+        .only(*_RUN_FIELDS, *(_END_FIELDS if ends else ()))
+        .filter(pk__in=run_ids, tenant_id=tenant_id)
+    )
+
+
+def runs_named(tenant_id: int, audit_events: Iterable[AuditEvent]) -> dict[int, Run]:
+    """The runs that the notifying events among audit_events name, by id, each as facts_for
+    reads it (one query, none when no such event names a run): a fan-out pass reads its
+    events' runs once, as they are at its start, instead of once per event. A run that is gone
+    is not in it."""
+    named = {
+        e.run_id: event
+        for e in audit_events
+        if e.run_id and e.tenant_id == tenant_id and (event := event_for(e)) is not None
+    }
+    if not named:
+        return {}
+    ends = any(event in RUN_EVENTS for event in named.values())
+    return {run.pk: run for run in _runs(tenant_id, list(named), ends=ends)}
+
+
+def facts_for(
+    audit_event: AuditEvent,
+    event: str,
+    *,
+    outline: bool = False,
+    runs: Mapping[int, Run] | None = None,
+) -> Facts:
     """What a notification of the event says.
 
     One query: the run with its tenant (most events name a run), else the tenant alone; then
     the run's outcome (run.completed, run.failed: two queries) or the decided ticket's message
     (ticket.decided: two), unless outline, which leaves them out (outcome None, message ""):
     enough to know who is told (recipients_for). in_full() adds them to an outline.
+    runs: the runs a fan-out pass read for its events (runs_named); the event's run is taken
+    from it, not read again, when it is there.
     """
-    fields = ["title", "requested_by__username", "tenant__slug", "tenant__name"]
-    if event in RUN_EVENTS:
-        fields += ["status", "status_reason", "final_output"]
-    run = (
-        Run.objects.select_related("tenant", "requested_by")
-        .only(*fields)
-        .filter(pk=audit_event.run_id, tenant_id=audit_event.tenant_id)
-        .first()
-        if audit_event.run_id
-        else None
-    )
+    run = None
+    if audit_event.run_id and runs is not None and audit_event.run_id in runs:
+        run = runs[audit_event.run_id]
+    elif audit_event.run_id:
+        run = _runs(audit_event.tenant_id, [audit_event.run_id], ends=event in RUN_EVENTS).first()
     tenant = (
         run.tenant if run else Tenant.objects.only("slug", "name").get(pk=audit_event.tenant_id)
     )

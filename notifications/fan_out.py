@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
 from django.db import DatabaseError, connection, transaction
@@ -23,10 +23,10 @@ from django.utils import timezone
 
 from approvals.core.links import public_url
 from approvals.live import hints
-from approvals.models import AuditEvent, Tenant
+from approvals.models import AuditEvent, Run, Tenant
 from notifications.deliveries import deliver_webhook_task
 from notifications.emails import Addressees, create_emails, email_for, recipients_for
-from notifications.events import event_for, facts_for, in_full
+from notifications.events import event_for, facts_for, in_full, runs_named
 from notifications.models import Delivery, DeliveryStatus, Event, FanOutCursor, WebhookEndpoint
 
 # Passes in a row an event's fan-out may fail before it is skipped (logged as an error), so one
@@ -118,10 +118,12 @@ def _fan_out_tenant(tenant_id: int, seq: int | None, failures: int | None, limit
     # and the people its emails go to, each read once.
     endpoints = active_endpoints(tenant_id) if events else []
     addressees = Addressees()
+    # Their runs too, once for all of them (one query).
+    runs = runs_named(tenant_id, events)
     reached = seq
     for audit_event in events:
         try:
-            fan_out(audit_event=audit_event, endpoints=endpoints, addressees=addressees)
+            fan_out(audit_event=audit_event, endpoints=endpoints, addressees=addressees, runs=runs)
         except Exception:
             failures += 1
             if failures < MAX_FAILURES:
@@ -160,12 +162,14 @@ def fan_out(
     audit_event: AuditEvent,
     endpoints: list[WebhookEndpoint] | None = None,
     addressees: Addressees | None = None,
+    runs: Mapping[int, Run] | None = None,
 ) -> list[Delivery]:
     """Turn a committed audit event into deliveries and emails.
 
     endpoints: the tenant's active endpoints, as a pass read them once for all its events
     (active_endpoints); read here when not given. addressees: the pass's (emails.Addressees),
-    so that its events read each person once.
+    so that its events read each person once. runs: the pass's events' runs
+    (events.runs_named); the event's run is read here when it is not in it.
     Side effects: one Delivery row per active endpoint of the tenant that wants the event
     (idempotent per endpoint and event) with its delivery task enqueued; one EmailDelivery row
     per recipient (idempotent per recipient and event), its message rendered now, with its
@@ -181,7 +185,7 @@ def fan_out(
         endpoints = active_endpoints(audit_event.tenant_id)
     # Filtered here, not in SQL: JSON containment differs between SQLite and PostgreSQL.
     endpoints = [e for e in endpoints if e.wants(event)]
-    facts = facts_for(audit_event, event, outline=True)
+    facts = facts_for(audit_event, event, outline=True, runs=runs)
     recipients = recipients_for(facts, audit_event.tenant_id, addressees=addressees)
     if not endpoints and not recipients:
         return []

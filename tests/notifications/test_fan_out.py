@@ -161,10 +161,10 @@ def test_fan_out_that_raises_is_tried_again_then_skipped_and_never_breaks_the_de
     fan_out_committed()
     real = fan_out.fan_out
 
-    def broken(*, audit_event, endpoints=None, addressees=None):
+    def broken(*, audit_event, **given):
         if audit_event.action == "ticket.approved":
             raise RuntimeError("notification store down")
-        return real(audit_event=audit_event, endpoints=endpoints, addressees=addressees)
+        return real(audit_event=audit_event, **given)
 
     monkeypatch.setattr(fan_out, "fan_out", broken)
     with django_capture_on_commit_callbacks(execute=True):
@@ -361,11 +361,11 @@ def test_fan_out_catch_up_after_a_crash_mid_way_resumes_from_its_cursor(tenant, 
     real = fan_out.fan_out
     done = []
 
-    def dies_at_the_second(*, audit_event, endpoints=None, addressees=None):
+    def dies_at_the_second(*, audit_event, **given):
         if len(done) == 1:
             raise KeyboardInterrupt("the worker was killed")  # not an Exception: nothing catches it
         done.append(audit_event.pk)
-        return real(audit_event=audit_event, endpoints=endpoints, addressees=addressees)
+        return real(audit_event=audit_event, **given)
 
     monkeypatch.setattr(fan_out, "fan_out", dies_at_the_second)
     with pytest.raises(KeyboardInterrupt):
@@ -395,7 +395,7 @@ def test_fan_out_catch_up_that_lost_the_race_keeps_the_winners_cursor(tenant, ad
     real = fan_out.fan_out
     raced = []
 
-    def overtaken(*, audit_event, endpoints=None, addressees=None):
+    def overtaken(*, audit_event, **given):
         if not raced:
             raced.append(True)
             # The other worker's whole pass, and then one more event, while this one is here.
@@ -403,7 +403,7 @@ def test_fan_out_catch_up_that_lost_the_race_keeps_the_winners_cursor(tenant, ad
             with transaction.atomic():
                 audit.append(tenant_id=tenant.pk, action="ticket.escalated", actor_name="b")
             assert fan_out.catch_up() == 1
-        return real(audit_event=audit_event, endpoints=endpoints, addressees=addressees)
+        return real(audit_event=audit_event, **given)
 
     monkeypatch.setattr(fan_out, "fan_out", overtaken)
     fan_out.catch_up()
@@ -458,11 +458,11 @@ def test_fan_out_two_catch_ups_at_once_fan_out_once(monkeypatch):
     local = threading.local()
     errors = []
 
-    def racing(*, audit_event, endpoints=None, addressees=None):
+    def racing(*, audit_event, **given):
         if audit_event.actor_name == "policy" and not hasattr(local, "waited"):
             local.waited = True
             both_read.wait()  # each pass has read the cursor and the events before any writes
-        return real(audit_event=audit_event, endpoints=endpoints, addressees=addressees)
+        return real(audit_event=audit_event, **given)
 
     def worker():
         try:
@@ -507,11 +507,11 @@ def test_fan_out_passes_by_a_tenant_another_workers_pass_is_fanning_out():
     inside, leave = threading.Event(), threading.Event()
     real = fan_out.fan_out
 
-    def holding(*, audit_event, endpoints=None, addressees=None):
+    def holding(*, audit_event, **given):
         if audit_event.tenant_id == busy.pk and not inside.is_set():
             inside.set()
             assert leave.wait(timeout=30)
-        return real(audit_event=audit_event, endpoints=endpoints, addressees=addressees)
+        return real(audit_event=audit_event, **given)
 
     def other_worker():
         try:
@@ -659,3 +659,46 @@ def test_fan_out_a_pass_reads_each_persons_address_once_for_all_its_events(
     assert sorted(EmailDelivery.objects.values_list("audit_event__run_id", "recipient")) == sorted(
         (run.pk, "req@example.com") for run in runs
     )
+
+
+def test_fan_out_a_pass_reads_its_events_runs_once_for_all_of_them(
+    tenant, admin, django_capture_on_commit_callbacks
+):
+    endpoint, _ = make_endpoint(tenant, admin, events=[Event.RUN_COMPLETED, Event.TICKET_ESCALATED])
+    requester = member(tenant, Role.VIEWER, username="req")
+    with django_capture_on_commit_callbacks(execute=True):
+        runs = [paused_run(tenant, requested_by=requester) for _ in range(3)]
+    fan_out_committed()
+    for run in runs:
+        with transaction.atomic():
+            audit.append(tenant_id=tenant.pk, action="ticket.escalated", run_id=run.pk)
+            audit.append(
+                tenant_id=tenant.pk, action="run.completed", run_id=run.pk, outcome="completed"
+            )
+
+    with CaptureQueriesContext(connection) as captured:
+        assert fan_out_committed() == 6
+
+    run_reads = _queries_of(("approvals_run",), captured.captured_queries)
+    assert len(run_reads) == 1, run_reads
+    payloads = [json.loads(d.payload) for d in Delivery.objects.filter(endpoint=endpoint)]
+    assert sorted((p["event"], p["run"], p["run_title"]) for p in payloads) == sorted(
+        (event, run.pk, run.title)
+        for run in runs
+        for event in ("ticket.escalated", "run.completed")
+    )
+    assert {p["status"] for p in payloads if p["event"] == "run.completed"} == {"completed"}
+
+
+def test_fan_out_an_event_whose_run_the_pass_did_not_read_reads_it_itself(tenant, admin):
+    endpoint, _ = make_endpoint(tenant, admin, events=[Event.RUN_COMPLETED])
+    run = paused_run(tenant, requested_by=member(tenant, Role.VIEWER, username="req"))
+    fan_out_committed()
+    with transaction.atomic():
+        event = audit.append(
+            tenant_id=tenant.pk, action="run.completed", run_id=run.pk, outcome="completed"
+        )
+
+    fan_out.fan_out(audit_event=event, runs={})
+
+    assert json.loads(Delivery.objects.get(endpoint=endpoint).payload)["run_title"] == run.title

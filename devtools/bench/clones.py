@@ -164,7 +164,17 @@ def finished_count(run_ids: list[int]) -> int:
     ).count()
 
 
-def wait_finished(run_ids: list[int], *, timeout: float, procs: list[Proc]) -> float:
+def wait_finished(
+    run_ids: list[int], *, timeout: float, procs: list[Proc], poll: float = 0.5
+) -> float:
+    """Wait until the runs have finished; the host's monotonic clock when it saw that.
+
+    Each look is a count over the runs (a few ms of this process's CPU and the database's, for
+    a few hundred runs): looked at every poll seconds, so that the looking does not take cores
+    from the workers being measured. The figures that need to know when the last run finished
+    more closely than poll take it from the runs' stored times (span_seconds), or pass a
+    shorter poll.
+    """
     deadline = time.monotonic() + timeout
     while finished_count(run_ids) < len(run_ids):
         if time.monotonic() > deadline:
@@ -175,7 +185,7 @@ def wait_finished(run_ids: list[int], *, timeout: float, procs: list[Proc]) -> f
         dead = [p for p in procs if not p.alive()]
         if dead:
             raise RuntimeError("a worker died\n" + "\n".join(p.tail() for p in dead))
-        time.sleep(0.05)
+        time.sleep(poll)
     return time.monotonic()
 
 

@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from approvals.audit import chain as audit
 from approvals.audit import changes
-from approvals.core import faults
+from approvals.core import faults, statements
 from approvals.core.canonical import canonical_json, sha256_hex
 from approvals.models import IdempotencyRecord, LedgerStatus
 
@@ -76,12 +76,14 @@ def _in_doubt(scope: ResumeScope, reason: str) -> EffectInDoubt:
 def _claim(record: IdempotencyRecord) -> IdempotencyRecord:
     """Insert the claim so that it is committed before the effect: one INSERT, which commits on
     its own in the tool's thread (autocommit); inside a caller's transaction, in a savepoint so
-    that a duplicate key leaves the transaction usable."""
+    that a duplicate key leaves the transaction usable. Every effect sends it: written once per
+    process (core.statements.bulk_create; a duplicate key raises IntegrityError as a save
+    does)."""
     if connection.in_atomic_block:
         with transaction.atomic():
-            record.save(force_insert=True)
+            statements.bulk_create("ledger.claim", [record])
     else:
-        record.save(force_insert=True)
+        statements.bulk_create("ledger.claim", [record])
     return record
 
 

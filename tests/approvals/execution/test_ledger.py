@@ -7,6 +7,8 @@ and two runs of the same prompt (a new run is not a resume), each get their own 
 from __future__ import annotations
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from approvals.execution import ledger
 from approvals.models import IdempotencyRecord, LedgerStatus, Ticket
@@ -130,3 +132,63 @@ def test_two_runs_approved_without_a_ticket_each_get_their_own_effect():
     assert sorted(
         IdempotencyRecord.objects.filter(ticket__isnull=True).values_list("run_id", flat=True)
     ) == sorted(r.pk for r in runs)
+
+
+def test_the_claim_is_one_insert_committed_before_the_effect_with_every_field():
+    run = paused_run(TenantFactory())
+    call_id = only_call_id(run)
+    ticket = Ticket.objects.get(run=run)
+    seen: list[tuple] = []
+
+    def effect() -> str:
+        # Read on this connection: inside the test's transaction, the claim is in a savepoint
+        # released before the effect (outside one, an autocommitted INSERT).
+        record = IdempotencyRecord.objects.get(run=run)
+        seen.append(
+            (
+                record.tenant_id,
+                record.ticket_id,
+                record.operation,
+                record.resource,
+                record.status,
+                record.claimed_by,
+                record.claimed_at is not None,
+                record.completed_at,
+                record.result,
+            )
+        )
+        return "done"
+
+    with (
+        CaptureQueriesContext(connection) as captured,
+        ledger.resume_scope(scope_of(run, attempt="w1#1")),
+    ):
+        ledger.perform(call_id, operation="deploy_release", resource="x" * 600, effect=effect)
+
+    inserts = [
+        q["sql"]
+        for q in captured.captured_queries
+        if q["sql"].startswith('INSERT INTO "approvals_idempotencyrecord"')
+    ]
+    assert len(inserts) == 1, inserts
+    assert seen == [
+        (
+            run.tenant_id,
+            ticket.pk,
+            "deploy_release",
+            "x" * 500,
+            LedgerStatus.CLAIMED,
+            "w1#1",
+            True,
+            None,
+            "",
+        )
+    ]
+    record = IdempotencyRecord.objects.get(run=run)
+    assert (record.status, record.result) == (LedgerStatus.DONE, "done")
+    assert record.key == ledger.idempotency_key(
+        tenant_id=run.tenant_id,
+        approval=f"ticket:{ticket.pk}",
+        operation="deploy_release",
+        resource="x" * 600,
+    )

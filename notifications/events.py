@@ -120,19 +120,25 @@ def _runs(tenant_id: int, run_ids, *, ends: bool):
 
 
 def runs_named(tenant_id: int, audit_events: Iterable[AuditEvent]) -> dict[int, Run]:
-    """The runs that the notifying events among audit_events name, by id, each as facts_for
-    reads it (one query, none when no such event names a run): a fan-out pass reads its
-    events' runs once, as they are at its start, instead of once per event. A run that is gone
-    is not in it."""
-    named = {
-        e.run_id: event
-        for e in audit_events
-        if e.run_id and e.tenant_id == tenant_id and (event := event_for(e)) is not None
-    }
-    if not named:
-        return {}
-    ends = any(event in RUN_EVENTS for event in named.values())
-    return {run.pk: run for run in _runs(tenant_id, list(named), ends=ends)}
+    """The runs that the tenant's notifying events among audit_events name, by id, each read as
+    facts_for reads it for them: with how it ended (status, reason, output) when one of them is
+    a run's end. At most two queries (the runs with an end among the events, then the others),
+    none when no such event names a run: a fan-out pass reads its events' runs once, as they are
+    at its start, instead of once per event. A run that is gone, or of another tenant, is not
+    in it."""
+    ends: set[int] = set()
+    others: set[int] = set()
+    for audit_event in audit_events:
+        if not audit_event.run_id or audit_event.tenant_id != tenant_id:
+            continue
+        event = event_for(audit_event)
+        if event is not None:
+            (ends if event in RUN_EVENTS else others).add(audit_event.run_id)
+    runs: dict[int, Run] = {}
+    for ids, with_end in ((ends, True), (others - ends, False)):
+        if ids:
+            runs.update((run.pk, run) for run in _runs(tenant_id, sorted(ids), ends=with_end))
+    return runs
 
 
 def facts_for(
@@ -144,16 +150,18 @@ def facts_for(
 ) -> Facts:
     """What a notification of the event says.
 
-    One query: the run with its tenant (most events name a run), else the tenant alone; then
-    the run's outcome (run.completed, run.failed: two queries) or the decided ticket's message
-    (ticket.decided: two), unless outline, which leaves them out (outcome None, message ""):
-    enough to know who is told (recipients_for). in_full() adds them to an outline.
+    One query: the run with its tenant (most events name a run), else the tenant alone (none
+    for the run when runs holds it); then the run's outcome (run.completed, run.failed: two
+    queries) or the decided ticket's message (ticket.decided: two), unless outline, which
+    leaves them out (outcome None, message ""): enough to know who is told (recipients_for).
+    in_full() adds them to an outline.
     runs: the runs a fan-out pass read for its events (runs_named); the event's run is taken
-    from it, not read again, when it is there.
+    from it when it is there and of the event's tenant, else read here.
     """
+    known = runs.get(audit_event.run_id) if runs is not None and audit_event.run_id else None
     run = None
-    if audit_event.run_id and runs is not None and audit_event.run_id in runs:
-        run = runs[audit_event.run_id]
+    if known is not None and known.tenant_id == audit_event.tenant_id:
+        run = known
     elif audit_event.run_id:
         run = _runs(audit_event.tenant_id, [audit_event.run_id], ends=event in RUN_EVENTS).first()
     tenant = (

@@ -76,15 +76,23 @@ def _in_doubt(scope: ResumeScope, reason: str) -> EffectInDoubt:
 def _claim(record: IdempotencyRecord) -> IdempotencyRecord:
     """Insert the claim so that it is committed before the effect: one INSERT, which commits on
     its own in the tool's thread (autocommit); inside a caller's transaction, in a savepoint so
-    that a duplicate key leaves the transaction usable. Every effect sends it: written once per
-    process (core.statements.bulk_create; a duplicate key raises IntegrityError as a save
-    does)."""
+    that a duplicate key leaves the transaction usable."""
     if connection.in_atomic_block:
         with transaction.atomic():
-            statements.bulk_create("ledger.claim", [record])
+            _insert(record)
     else:
-        statements.bulk_create("ledger.claim", [record])
+        _insert(record)
     return record
+
+
+def _insert(record: IdempotencyRecord) -> None:
+    """The claim's INSERT. Every effect sends it: on PostgreSQL written once per process
+    (core.statements.bulk_create), elsewhere the model's save (bulk_create would wrap it in a
+    transaction of its own); a key already claimed raises IntegrityError either way."""
+    if connection.vendor == "postgresql":
+        statements.bulk_create("ledger.claim", [record])
+    else:
+        record.save(force_insert=True)
 
 
 def perform(

@@ -171,9 +171,9 @@ def wait_finished(
 
     Each look is a count over the runs (a few ms of this process's CPU and the database's, for
     a few hundred runs): looked at every poll seconds, so that the looking does not take cores
-    from the workers being measured. The figures that need to know when the last run finished
-    more closely than poll take it from the runs' stored times (span_seconds), or pass a
-    shorter poll.
+    from the workers being measured. The figures of one part's runs take when its last run
+    finished from the runs' stored times (span_seconds); a figure that spans the waits between
+    parts, or times from a moment of its own, passes a shorter poll.
     """
     deadline = time.monotonic() + timeout
     while finished_count(run_ids) < len(run_ids):

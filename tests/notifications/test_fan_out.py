@@ -18,7 +18,7 @@ from django_tasks_db.models import DBTaskResult
 
 from approvals.audit import chain as audit
 from approvals.decisions.decide import decide
-from approvals.models import AuditEvent, Role, Tenant, Ticket
+from approvals.models import AuditEvent, Role, Run, RunStatus, Tenant, Ticket
 from approvals.runs.reaper import reap
 from notifications import fan_out
 from notifications.events import event_for
@@ -661,33 +661,62 @@ def test_fan_out_a_pass_reads_each_persons_address_once_for_all_its_events(
     )
 
 
+@pytest.mark.parametrize("end_first", [False, True])
 def test_fan_out_a_pass_reads_its_events_runs_once_for_all_of_them(
-    tenant, admin, django_capture_on_commit_callbacks
+    tenant, admin, django_capture_on_commit_callbacks, end_first
 ):
     endpoint, _ = make_endpoint(tenant, admin, events=[Event.RUN_COMPLETED, Event.TICKET_ESCALATED])
     requester = member(tenant, Role.VIEWER, username="req")
     with django_capture_on_commit_callbacks(execute=True):
         runs = [paused_run(tenant, requested_by=requester) for _ in range(3)]
+    for run in runs:
+        Run.objects.filter(pk=run.pk).update(
+            status=RunStatus.COMPLETED, final_output=f"Release of run {run.pk} is live."
+        )
     fan_out_committed()
+    actions = ["ticket.escalated", "run.completed"]
     for run in runs:
         with transaction.atomic():
-            audit.append(tenant_id=tenant.pk, action="ticket.escalated", run_id=run.pk)
-            audit.append(
-                tenant_id=tenant.pk, action="run.completed", run_id=run.pk, outcome="completed"
-            )
+            for action in reversed(actions) if end_first else actions:
+                audit.append(tenant_id=tenant.pk, action=action, run_id=run.pk, outcome="x")
 
     with CaptureQueriesContext(connection) as captured:
         assert fan_out_committed() == 6
 
+    # The runs with an end among the pass's events, then the others (none here): whatever the
+    # order of a run's events, each field a notification says is read with them.
     run_reads = _queries_of(("approvals_run",), captured.captured_queries)
     assert len(run_reads) == 1, run_reads
     payloads = [json.loads(d.payload) for d in Delivery.objects.filter(endpoint=endpoint)]
     assert sorted((p["event"], p["run"], p["run_title"]) for p in payloads) == sorted(
-        (event, run.pk, run.title)
-        for run in runs
-        for event in ("ticket.escalated", "run.completed")
+        (event, run.pk, run.title) for run in runs for event in actions
     )
-    assert {p["status"] for p in payloads if p["event"] == "run.completed"} == {"completed"}
+    assert sorted(p["output"] for p in payloads if p["event"] == "run.completed") == sorted(
+        f"Release of run {run.pk} is live." for run in runs
+    )
+
+
+def test_fan_out_an_event_naming_another_tenants_run_says_nothing_of_it(tenant, admin):
+    endpoint, _ = make_endpoint(tenant, admin, events=[Event.RUN_COMPLETED])
+    other = TenantFactory(slug="other")
+    theirs = paused_run(other, requested_by=member(other, Role.VIEWER, username="them"))
+    ours = paused_run(tenant, requested_by=member(tenant, Role.VIEWER, username="req"))
+    fan_out_committed()
+    with transaction.atomic():
+        for run in (ours, theirs):
+            audit.append(
+                tenant_id=tenant.pk, action="run.completed", run_id=run.pk, outcome="completed"
+            )
+
+    assert fan_out_committed() == 2
+
+    titles = {
+        p["run"]: p["run_title"]
+        for p in (json.loads(d.payload) for d in Delivery.objects.filter(endpoint=endpoint))
+    }
+    assert titles == {ours.pk: ours.title, theirs.pk: ""}
+    runs = fan_out.runs_named(tenant.pk, AuditEvent.objects.filter(tenant=tenant))
+    assert set(runs) == {ours.pk}
 
 
 def test_fan_out_an_event_whose_run_the_pass_did_not_read_reads_it_itself(tenant, admin):

@@ -439,7 +439,8 @@ class Command(BaseCommand):
         for start in range(0, len(rest), step):
             part = rest[start : start + step]
             cloning.approve_in_bulk(part, approver)
-            cloning.wait_finished([c.run_id for c in part], timeout=600, procs=[worker])
+            # Closely: the later runs' rate spans the waits between their parts.
+            cloning.wait_finished([c.run_id for c in part], timeout=600, procs=[worker], poll=0.05)
             samples.append((500 + start + len(part), worker.rss_kib()))
         rss_end = samples[-1][1]
         span_rest = cloning.span_seconds([c.run_id for c in rest])

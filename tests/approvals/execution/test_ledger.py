@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
 from approvals.execution import ledger
 from approvals.models import IdempotencyRecord, LedgerStatus, Ticket
@@ -134,7 +135,7 @@ def test_two_runs_approved_without_a_ticket_each_get_their_own_effect():
     ) == sorted(r.pk for r in runs)
 
 
-def test_the_claim_is_one_insert_committed_before_the_effect_with_every_field():
+def test_the_claim_is_one_insert_made_before_the_effect_with_every_field_a_save_wrote():
     run = paused_run(TenantFactory())
     call_id = only_call_id(run)
     ticket = Ticket.objects.get(run=run)
@@ -142,7 +143,9 @@ def test_the_claim_is_one_insert_committed_before_the_effect_with_every_field():
 
     def effect() -> str:
         # Read on this connection: inside the test's transaction, the claim is in a savepoint
-        # released before the effect (outside one, an autocommitted INSERT).
+        # released before the effect. That a worker's claim is committed before its effect
+        # (autocommit in the tool's thread) is held by the worker tests that kill it there
+        # (tests/approvals/runs/test_workers.py, APPROVALS_FAULT=after_claim).
         record = IdempotencyRecord.objects.get(run=run)
         seen.append(
             (
@@ -152,12 +155,15 @@ def test_the_claim_is_one_insert_committed_before_the_effect_with_every_field():
                 record.resource,
                 record.status,
                 record.claimed_by,
-                record.claimed_at is not None,
+                before <= record.claimed_at <= timezone.now(),
                 record.completed_at,
                 record.result,
+                record.error,
             )
         )
         return "done"
+
+    before = timezone.now()
 
     with (
         CaptureQueriesContext(connection) as captured,
@@ -181,6 +187,7 @@ def test_the_claim_is_one_insert_committed_before_the_effect_with_every_field():
             "w1#1",
             True,
             None,
+            "",
             "",
         )
     ]

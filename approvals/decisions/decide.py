@@ -166,7 +166,7 @@ def _run_locked(values) -> QuerySet[Run]:
     """The run of a ticket being decided, locked (decide()'s read, written once per process)."""
     return (
         Run.objects.select_for_update()
-        .only("tenant_id", "status", "state_generation", "executor", "attempts")
+        .only("tenant_id", "status", "state_generation", "executor")
         .filter(pk=values["run"])
     )
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Protocol
 
 from django.db.models import Exists, OuterRef, QuerySet
 from django_tasks import task
@@ -61,29 +61,24 @@ def serve(*, resume: Callable[..., Resumed], start: Callable[..., Resumed]) -> N
     _served.update(resume=resume, start=start)
 
 
-def _work(name: str, run_id: int, **given: Any) -> str:
+def _work(name: str, run_id: int) -> str:
     """Run the served work on the run and log one line saying what became of it (the queue's
     own line only says the task ran, SUCCESSFUL even for a run that failed)."""
     if name not in _served:
         raise RuntimeError(f"no {name} is served: the approvals app is not ready")
-    outcome = _served[name](run_id=run_id, **given)
+    outcome = _served[name](run_id=run_id)
     _log_resumed(outcome)
     return outcome.status
 
 
 @task()
-def resume_run_task(run_id: int, tenant_id: int | None = None, attempts: int | None = None) -> str:
-    """The worker's task for a queued run: primitive values in, the resume does the rest.
+def resume_run_task(run_id: int) -> str:
+    """The worker's task for a queued run: a primitive id in, the resume does the rest.
 
-    tenant_id, attempts: the run's as the transaction that queued it left them (enqueue_resume),
-    for the claim to write its audit event with it when they still hold; a task without them
-    (one enqueued before they were, or by a caller that did not read them) resumes the same.
     Side effects: the resume's; one log line that says what became of the run. Returns the
     run's status. Raises RuntimeError when no resume is served.
     """
-    if tenant_id is None or attempts is None:
-        return _work("resume", run_id)
-    return _work("resume", run_id, expect=(tenant_id, attempts))
+    return _work("resume", run_id)
 
 
 @task()
@@ -131,23 +126,15 @@ def _log_resumed(resumed: Resumed) -> None:
     logger.log(logging.INFO if resumed.status in _RESUMED else logging.WARNING, line)
 
 
-def enqueue_resume(
-    run_id: int, *, tenant_id: int | None = None, attempts: int | None = None
-) -> None:
+def enqueue_resume(run_id: int) -> None:
     """Queue the run's resume in the caller's transaction; a worker wakes when it commits.
 
     The task row lives in the same database, so it commits or rolls back with the decision.
     On PostgreSQL the row's insert sends a NOTIFY on WAKE_CHANNEL (a trigger, migration 0013;
     transactional: delivered only on commit), which wakes a listening worker at once; a lost
     notification costs one poll interval, as the worker still polls.
-    tenant_id, attempts: the run's, as the caller's row (locked) holds them: the worker's claim
-    then builds its audit event beforehand and writes it in the claim's own statement while
-    they still hold (runs.lease.claim's expect). Given both or neither.
     """
-    if tenant_id is None or attempts is None:
-        resume_run_task.enqueue(run_id)
-    else:
-        resume_run_task.enqueue(run_id, tenant_id=tenant_id, attempts=attempts)
+    resume_run_task.enqueue(run_id)
 
 
 def enqueue_start(run_id: int) -> None:
@@ -201,13 +188,7 @@ def decided(run: Run, *, to: str, actor=None, actor_name: str = "") -> None:
     run.status = to
     caller = to == RunStatus.AWAITING_CALLER
     if not caller:
-        # The attempts as the caller's row holds them, unless it was read without them.
-        known = "attempts" not in run.get_deferred_fields()
-        enqueue_resume(
-            run.pk,
-            tenant_id=run.tenant_id if known else None,
-            attempts=run.attempts if known else None,
-        )
+        enqueue_resume(run.pk)
     chain.append(
         tenant_id=run.tenant_id,
         action="run.awaiting_caller" if caller else "run.queued",

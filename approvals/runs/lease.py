@@ -75,17 +75,9 @@ class WorkOutcome:
     decisions: list[str] | None = None
 
 
-def claim(
-    run_id: int, worker_id: str, work: Work, *, expect: tuple[int, int] | None = None
-) -> Run | None:
+def claim(run_id: int, worker_id: str, work: Work) -> Run | None:
     """Take the run for this worker, or None when it is not waiting for this work (another
     delivery has it, it moved on, or it is a caller's run).
-
-    expect: the run's tenant and attempts as whoever queued the work left them (the resume
-    task's). While they still hold, the work's audit event is built beforehand and written by
-    the claim's own statement when the tenant's head is where this process last saw it
-    (audit.changes.update_holding_head's events): one statement where two were. When they no
-    longer hold, that statement changes nothing and the claim is made as without them.
 
     Side effects, in one transaction: the lease (owner, expiry, attempts + 1) and the work's
     audit event with the attempt; a live hint after commit. On PostgreSQL the lease's statement
@@ -99,78 +91,39 @@ def claim(
         "until": now + timedelta(seconds=settings.APPROVALS_LEASE_SECONDS),
     }
     with transaction.atomic():
-        run = None
-        if expect is not None and connection.vendor == "postgresql":
-            run = _claim_expected(values, work, expect)
+        if connection.vendor == "postgresql":
+            sql, params = statements.statement(
+                ("lease.claim", work.name), lambda v: _claiming(v, work), values
+            )
+        else:
+            sql, params = _claiming(values, work)
+        run = transitions.moved_run(
+            sql, params, to=work.holding, write=changes.update_holding_head, using=connection.alias
+        )
         if run is None:
-            run = _claim_read(values, work)
-            if run is None:
-                return None
-            chain.append(**_claimed_event(run.tenant_id, run.pk, run.attempts, worker_id, work))
+            return None
+        chain.append(
+            tenant_id=run.tenant_id,
+            action=work.action,
+            actor_name=f"worker {worker_id}",
+            run_id=run.pk,
+            outcome=work.holding,
+            detail={"attempt": run.attempts},
+        )
     hints.notify_on_commit(run.tenant_id, "run.changed", run=run.pk, status=work.holding)
     return run
 
 
-def _claimed_event(tenant_id: int, run_id: int, attempt: int, worker_id: str, work: Work):
-    """The claim's audit event, as new_event() and append() take it."""
-    return {
-        "tenant_id": tenant_id,
-        "action": work.action,
-        "actor_name": f"worker {worker_id}",
-        "run_id": run_id,
-        "outcome": work.holding,
-        "detail": {"attempt": attempt},
-    }
-
-
-def _claim_read(values: dict[str, Any], work: Work) -> Run | None:
-    """The claim's UPDATE, which reads the run's tenant and attempts as it moves it."""
-    if connection.vendor == "postgresql":
-        sql, params = statements.statement(
-            ("lease.claim", work.name), lambda v: _claiming(v, work), values
-        )
-    else:
-        sql, params = _claiming(values, work)
-    return transitions.moved_run(
-        sql, params, to=work.holding, write=changes.update_holding_head, using=connection.alias
-    )
-
-
-def _claim_expected(values: dict[str, Any], work: Work, expect: tuple[int, int]) -> Run | None:
-    """The claim's UPDATE of a run still of that tenant and attempts, with its event (PostgreSQL);
-    None, having written nothing, when the run is not so (or not waiting)."""
-    tenant_id, attempts = expect
-    event = chain.new_event(
-        **_claimed_event(tenant_id, values["run"], attempts + 1, values["worker"], work)
-    )
-    sql, params = statements.statement(
-        ("lease.claim", work.name, "expected"),
-        lambda v: _claiming(v, work),
-        {**values, "tenant": tenant_id, "attempts": attempts},
-    )
-    return transitions.moved_run(
-        sql,
-        params,
-        to=work.holding,
-        write=functools.partial(changes.update_holding_head, events=[event]),
-        using=connection.alias,
-    )
-
-
 def _claiming(values: dict[str, Any], work: Work) -> tuple[str, tuple]:
-    """The claim's UPDATE of the run: waiting for this work, or held with a lapsed lease (and,
-    given a tenant and attempts in values, still of them)."""
+    """The claim's UPDATE of the run: waiting for this work, or held with a lapsed lease."""
     waiting = Q(status=work.waiting)
     if work.waiting == work.holding:
         waiting &= Q(lease_owner="")
-    expected = (
-        Q(tenant_id=values["tenant"], attempts=values["attempts"]) if "tenant" in values else Q()
-    )
     return transitions.move_run_statement(
         # A caller's run is resumed by its caller, never by a worker.
-        Run.objects.filter(pk=values["run"], executor=RunExecutor.CONSOLE)
-        .filter(expected)
-        .filter(waiting | Q(status=work.holding, lease_expires_at__lt=values["now"])),
+        Run.objects.filter(pk=values["run"], executor=RunExecutor.CONSOLE).filter(
+            waiting | Q(status=work.holding, lease_expires_at__lt=values["now"])
+        ),
         to=work.holding,
         lease_owner=values["worker"],
         lease_expires_at=values["until"],

@@ -91,13 +91,8 @@ def _store_new_pause(run: Run, result, spec: registry.AgentSpec) -> None:
     )
 
 
-def resume(
-    *, run_id: int, worker_id: str | None = None, expect: tuple[int, int] | None = None
-) -> ResumeOutcome:
+def resume(*, run_id: int, worker_id: str | None = None) -> ResumeOutcome:
     """Resume a queued run whose tickets are all decided, at most once at a time.
-
-    expect: the run's tenant and attempts as the transaction that queued it left them (its
-    task's), for the claim (lease.claim); without it the claim reads them.
 
     Side effects: claims the run with a lease (a second delivery or worker finds it claimed and
     does nothing); checks expiry, approvers' permissions, the agent version and SDK schema,
@@ -107,7 +102,7 @@ def resume(
     and live hints for each step.
     """
     worker_id = worker_id or worker_identity()
-    run = lease.claim(run_id, worker_id, lease.RESUME, expect=expect)
+    run = lease.claim(run_id, worker_id, lease.RESUME)
     if run is None:
         return lease.not_claimed(run_id)
     tickets, votes_of = checks.decided_tickets(run)

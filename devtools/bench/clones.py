@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from approvals.core.canonical import arguments_digest, canonical_arguments
 from approvals.execution import registry
-from approvals.execution.queue import WAKE_CHANNEL, enqueue_resume
+from approvals.execution.queue import WAKE_CHANNEL, resume_run_task
 from approvals.execution.state import open_state, seal_state
 from approvals.models import AuditEvent, Run, RunStatus, Tenant, Ticket, TicketStatus, TicketVote
 from approvals.runs.pause import pause_run
@@ -151,12 +151,8 @@ def approve_in_bulk(clones: list[Clone], approver, *, enqueue: bool = True) -> N
             status=RunStatus.QUEUED, updated_at=now
         )
         if enqueue:
-            # With the run's tenant and attempts, as decide() queues a run.
-            held = Run.objects.filter(pk__in=[c.run_id for c in clones]).values_list(
-                "pk", "tenant_id", "attempts"
-            )
-            for run_id, tenant_id, attempts in held.order_by("pk"):
-                enqueue_resume(run_id, tenant_id=tenant_id, attempts=attempts)
+            for clone in clones:
+                resume_run_task.enqueue(clone.run_id)
             with connection.cursor() as cursor:
                 cursor.execute(f"NOTIFY {WAKE_CHANNEL}")
 

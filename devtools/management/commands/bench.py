@@ -223,16 +223,10 @@ class Command(BaseCommand):
     def statements(self, clones, tenant, requester, approver) -> dict[str, Any]:
         cloning.approve_in_bulk(clones, approver, enqueue=False)
         warm, timed = clones[:5], clones[5:]
-        # As the worker's task resumes a run that a decision queued: with the run's tenant and
-        # attempts as the decision left them (queue.enqueue_resume).
-        expect = (tenant.pk, 0)
         for clone in warm:
-            resume(run_id=clone.run_id, worker_id="statements", expect=expect)
+            resume(run_id=clone.run_id, worker_id="statements")
         resumes = queries.per_call(
-            [
-                lambda c=c: resume(run_id=c.run_id, worker_id="statements", expect=expect)
-                for c in timed
-            ]
+            [lambda c=c: resume(run_id=c.run_id, worker_id="statements") for c in timed]
         )
         paused = sdk.multi_turn_result(1)
 

@@ -96,11 +96,7 @@ def test_decide_approve_records_the_decision_and_queues_the_run():
     assert Run.objects.get(pk=ticket.run_id).status == RunStatus.QUEUED
     tasks = resume_tasks(ticket.run)
     assert len(tasks) == 1
-    # With the run's tenant and attempts, for the worker's claim to write its event with it.
-    assert tasks[0].args_kwargs == {
-        "args": [ticket.run_id],
-        "kwargs": {"tenant_id": ticket.tenant_id, "attempts": 0},
-    }
+    assert tasks[0].args_kwargs == {"args": [ticket.run_id], "kwargs": {}}
     assert list(
         AuditEvent.objects.filter(run_id=ticket.run_id)
         .order_by("seq")

@@ -44,7 +44,7 @@ def test_decide_approve_prints_a_line_and_queues_the_run(pending):
     task = DBTaskResult.objects.get()
     assert (task.task_path, task.args_kwargs) == (
         "approvals.execution.queue.resume_run_task",
-        {"args": [pending.run_id], "kwargs": {"tenant_id": pending.tenant_id, "attempts": 0}},
+        {"args": [pending.run_id], "kwargs": {}},
     )
 
 

@@ -53,21 +53,6 @@ def test_statements_of_a_resume_that_completes():
     assert (counts["main"], counts["other"]) == expected, counts.log
 
 
-def test_statements_of_a_resume_as_its_task_queued_it():
-    """With the run's tenant and attempts as the decision left them (the task's), the claim
-    writes its audit event in its own statement: one statement fewer on PostgreSQL."""
-    tenant = TenantFactory(slug="acme")
-    resume(run_id=_decided(tenant).pk, worker_id="w")
-    run = _decided(tenant)
-
-    with queries.counting() as counts:
-        outcome = resume(run_id=run.pk, worker_id="w", expect=(run.tenant_id, run.attempts))
-
-    assert outcome.status == RunStatus.COMPLETED
-    expected = {"postgresql": (3, 2), "sqlite": (12, 6)}[connection.vendor]
-    assert (counts["main"], counts["other"]) == expected, counts.log
-
-
 def test_statements_of_a_pause():
     tenant = TenantFactory(slug="acme")
     requester = member(tenant, Role.VIEWER, "req")

@@ -118,7 +118,7 @@ def _fan_out_tenant(tenant_id: int, seq: int | None, failures: int | None, limit
     # and the people its emails go to, each read once.
     endpoints = active_endpoints(tenant_id) if events else []
     addressees = Addressees()
-    # Their runs too, once for all of them (one query).
+    # Their runs too, once for all of them (events.runs_named: at most two queries).
     runs = runs_named(tenant_id, events)
     reached = seq
     for audit_event in events:

@@ -21,7 +21,7 @@ from approvals.decisions.decide import decide
 from approvals.models import AuditEvent, Role, Run, RunStatus, Tenant, Ticket
 from approvals.runs.reaper import reap
 from notifications import fan_out
-from notifications.events import event_for
+from notifications.events import event_for, runs_named
 from notifications.models import Delivery, DeliveryStatus, EmailDelivery, Event, FanOutCursor
 from tests.notifications.conftest import fan_out_committed, make_endpoint
 from tests.support import TenantFactory, member, paused_run
@@ -715,7 +715,7 @@ def test_fan_out_an_event_naming_another_tenants_run_says_nothing_of_it(tenant, 
         for p in (json.loads(d.payload) for d in Delivery.objects.filter(endpoint=endpoint))
     }
     assert titles == {ours.pk: ours.title, theirs.pk: ""}
-    runs = fan_out.runs_named(tenant.pk, AuditEvent.objects.filter(tenant=tenant))
+    runs = runs_named(tenant.pk, AuditEvent.objects.filter(tenant=tenant))
     assert set(runs) == {ours.pk}
 
 

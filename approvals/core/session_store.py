@@ -3,7 +3,7 @@ written once on PostgreSQL.
 
 Every signed-in request reads its session row before anything else: the ORM's get() costs
 about twice the Python of the same read sent as written once (core.statements), 0.9 against
-0.35 to 0.5 ms on the bench's host, on each page, decision and live socket. Everything else
+0.31 to 0.36 ms on the bench's host, on each page, decision and live socket. Everything else
 (creating, saving, deleting, expiry, the row's encoding) is Django's database store unchanged,
 as is the read on SQLite. The read's answers are Django's: the unexpired row of the session's
 key; an unknown or expired key reads as no session, its key forgotten so that what is stored

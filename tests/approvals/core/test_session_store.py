@@ -3,10 +3,12 @@ session written once (core.statements), with the same answers."""
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 
 import pytest
 from django.conf import settings
+from django.contrib.sessions.backends import db
 from django.contrib.sessions.models import Session
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
@@ -45,8 +47,32 @@ def test_a_live_session_is_read_in_one_statement_with_its_data():
         assert queries[0]["sql"].startswith(f'SELECT "{Session._meta.db_table}"')
         if connection.vendor == "postgresql":
             # The read went through core.statements (which, checking, compared it with the ORM's).
-            assert ("get", "session_store.load") in statements._written
+            assert ("get", ("session_store.load", Session)) in statements._written
         assert store.session_key == key
+
+
+def test_it_sends_the_read_django_s_own_store_sends():
+    key = _saved(colour="teal")
+    sent = []
+    for store_class in (db.SessionStore, SessionStore, SessionStore):
+        with CaptureQueriesContext(connection) as queries:
+            assert store_class(key).load() == {"colour": "teal"}
+        (query,) = queries
+        # The same statement but for the time it was sent at.
+        sent.append(re.sub(r"'?\d{4}-\d\d-\d\d[ T][\d:.+]+'?", "NOW", query["sql"]))
+    assert sent[1] == sent[0]
+    assert sent[2] == sent[0]
+    assert "NOW" in sent[0]
+
+
+def test_no_key_or_one_too_short_to_be_kept_reads_as_none_without_a_query():
+    _saved(colour="teal")
+    for key in (None, "short"):
+        store = SessionStore(key)
+        with CaptureQueriesContext(connection) as queries:
+            assert store.load() == {}
+        assert len(queries) == 0
+        assert store.session_key is None
 
 
 def test_an_expired_session_reads_as_none_and_its_key_is_forgotten():

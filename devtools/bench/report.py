@@ -183,6 +183,19 @@ def _console_rows(r: dict[str, Any]) -> list[tuple]:
             ok(r["worker_rss_growth_pct"] < 10),
         )
     )
+    if "resume_fan_out_backlog" in r:
+        b = r["resume_fan_out_backlog"]
+        u, p = b["unpaced"], b["paced"]
+        rows.append(
+            (
+                "resumes/s beside a fan-out backlog, 1 worker: unpaced / paced",
+                f"{u['resumes_per_s']} / {p['resumes_per_s']} (events fanned out "
+                f"{u['events_fanned_out']} / {p['events_fanned_out']}; dup "
+                f"{u['duplicates'] + p['duplicates']}, lost {u['lost'] + p['lost']})",
+                "no duplicate",
+                ok(u["duplicates"] + p["duplicates"] == 0),
+            )
+        )
     d = r["worker_death"]
     rows.append(
         (

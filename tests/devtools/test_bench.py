@@ -5,9 +5,13 @@ from __future__ import annotations
 import json
 
 import pytest
+from django.db import transaction
 
+from approvals.audit import chain as audit
 from approvals.models import Role, Run, RunExecutor, RunStatus
 from devtools.bench import api_submit, report, stats
+from devtools.management.commands.bench import _events_behind
+from tests.notifications.conftest import caught_up
 from tests.support import TenantFactory, member
 
 
@@ -57,3 +61,20 @@ def test_bench_api_phase_submits_distinct_states_and_reports_them(bench_world, l
         "API submits/s, 2 clients, 1 web",
     ]
     assert rows[5][1] == str(many["per_s"])
+
+
+@pytest.mark.django_db
+def test_the_backlog_part_counts_the_events_not_yet_fanned_out_over_every_tenant():
+    def escalations(tenant, count):
+        for _ in range(count):
+            with transaction.atomic():
+                audit.append(tenant_id=tenant.pk, action="ticket.escalated", actor_name="policy")
+
+    seen, unseen = TenantFactory(slug="seen"), TenantFactory(slug="unseen")
+    escalations(seen, 2)
+    caught_up(seen)
+    escalations(seen, 3)
+    # A tenant the fan-out has never looked at is behind by its whole chain.
+    escalations(unseen, 4)
+
+    assert _events_behind() == 3 + 4

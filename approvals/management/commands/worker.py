@@ -12,7 +12,10 @@ hangs holds up only that pool, never a resume. Before each claim it sends signal
 notifications fans out the audit events committed since its last look, here rather than in
 the request or the resume that committed them. It polls every --notifications-interval
 seconds (woken early on PostgreSQL by a NOTIFY on its own channel) and at once while it has
-work.
+work. Resumes come first: while the resume pool has work, the notifications pool's busy passes
+keep to a share of the process's CPU (--notifications-share; ResumeActivity), so a fan-out
+backlog (a worker that was down, a burst of events) is caught up beside the resumes without
+taking their interpreter from them.
 
 django-tasks-db has no lease: a worker killed mid-task leaves its task RUNNING forever. So every
 worker process also runs the reaper (they are safe together): each pass records this
@@ -27,10 +30,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import psycopg
 from django.conf import settings
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 from django.db import close_old_connections, connection
 from django.utils.crypto import get_random_string
 from django_tasks_db.compat import DEFAULT_TASK_BACKEND_ALIAS, DEFAULT_TASK_QUEUE_NAME
@@ -109,14 +114,50 @@ class Listener:
             time.sleep(seconds)
 
 
+class ResumeActivity:
+    """Whether the resume pool has work: a task running now, or one ended a moment ago (the
+    pool claims the next at once while there are more). Written by the resume pool's thread,
+    read by the notifications pool's."""
+
+    # A task ended this recently still counts: the next claim follows within a statement.
+    RECENT_SECONDS = 0.5
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.running = False
+        self.ended_at: float | None = None
+
+    @contextmanager
+    def task(self) -> Iterator[None]:
+        self.running = True
+        try:
+            yield
+        finally:
+            self.running = False
+            self.ended_at = self.clock()
+
+    def active(self) -> bool:
+        if self.running:
+            return True
+        return self.ended_at is not None and self.clock() - self.ended_at < self.RECENT_SECONDS
+
+
 class ResumePool(db_worker.Worker):
     """The resume pool: django-tasks-db's Worker (running a task, its result and signals, the
     graceful stop on SIGTERM) with a loop of its own, which claims each task in one statement
-    (workers.claim_next) and, between polls, waits on its Listener (a NOTIFY ends the wait)."""
+    (workers.claim_next) and, between polls, waits on its Listener (a NOTIFY ends the wait).
+    Each task it runs is told to `activity`, which the notifications pool reads."""
 
-    def __init__(self, *, listener: Listener | None, **kwargs) -> None:
+    def __init__(
+        self, *, listener: Listener | None, activity: ResumeActivity | None = None, **kwargs
+    ) -> None:
         super().__init__(**kwargs)
         self.listener = listener
+        self.activity = activity or ResumeActivity()
+
+    def run_task(self, task_result: DBTaskResult) -> None:
+        with self.activity.task():
+            super().run_task(task_result)
 
     def run(self) -> None:
         logger.info("Starting worker worker_id=%s queues=%s", self.worker_id, self.queue_names)
@@ -155,16 +196,43 @@ class ResumePool(db_worker.Worker):
 # once (the fan-out takes at most 100 of each tenant's events a pass).
 FAN_OUT_BACKLOG = 100
 
+# The notifications pool's share of the process's CPU while the resume pool has work: after a
+# busy pass that took c seconds of its thread's CPU it rests c * (1 - share) / share seconds
+# (3 c at a quarter), at most MAX_REST_SECONDS. CPU, not wall time: a delivery waiting on a
+# receiver that never answers holds no CPU and earns no rest.
+NOTIFICATIONS_SHARE = 0.25
+MAX_REST_SECONDS = 5.0
+
+
+def check_share(share: float) -> None:
+    """Raises ValueError unless share is a share the notifications pool can keep to."""
+    if not 0 < share <= 1:
+        raise ValueError(f"a share must be more than 0 and at most 1, not {share:g}")
+
 
 class NotificationsPool:
     """One thread of the notifications pool: the fan-out's catch-up, then one task of its queue.
 
     It drives django-tasks-db's Worker for running a task (its result, its signals) but loops
     itself, so that the fan-out runs before every claim and its sleep is its own, not the
-    resume pool's.
+    resume pool's. While `resumes` (the process's resume pool) has work, each busy pass is
+    followed by a rest in proportion to the CPU it took (rest_after), so the pool keeps to
+    `share` of the interpreter the resumes run in; with no resumes going on it catches up at
+    full speed. A share of 1 never rests.
     """
 
-    def __init__(self, *, worker_id: str, interval: float, stop: threading.Event, listen: bool):
+    def __init__(
+        self,
+        *,
+        worker_id: str,
+        interval: float,
+        stop: threading.Event,
+        listen: bool,
+        resumes: ResumeActivity | None = None,
+        share: float = NOTIFICATIONS_SHARE,
+        cpu_clock: Callable[[], float] = time.thread_time,
+    ):
+        check_share(share)
         self.worker = db_worker.Worker(
             queue_names=[queue.SIDE_QUEUE],
             interval=interval,
@@ -178,9 +246,13 @@ class NotificationsPool:
         self.interval = interval
         self.stop = stop
         self.listener = Listener(queue.SIDE_WAKE_CHANNEL) if listen else None
+        self.resumes = resumes
+        self.share = share
+        self.cpu_clock = cpu_clock
 
     def run(self) -> None:
         while not self.stop.is_set():
+            cpu_before = self.cpu_clock()
             try:
                 busy = self.step()
             except Exception:
@@ -190,7 +262,17 @@ class NotificationsPool:
                 close_old_connections()
             if not busy:
                 self.wait()
+            elif rest := self.rest_after(self.cpu_clock() - cpu_before):
+                self.stop.wait(rest)
         connection.close()
+
+    def rest_after(self, cpu_seconds: float) -> float:
+        """Seconds to rest after a busy pass that took cpu_seconds of this thread's CPU: none
+        while the resume pool is idle (or with a share of 1), else enough that the pool keeps
+        to its share, at most MAX_REST_SECONDS."""
+        if self.share >= 1 or self.resumes is None or not self.resumes.active():
+            return 0.0
+        return min(max(cpu_seconds, 0.0) * (1 - self.share) / self.share, MAX_REST_SECONDS)
 
     def step(self) -> bool:
         """One pass: the fan-out catches up, then one task runs. Whether the next pass should
@@ -255,6 +337,15 @@ class Command(BaseCommand):
             default=0.25,
             help="seconds between the notifications pool's polls when it is idle",
         )
+        parser.add_argument(
+            "--notifications-share",
+            type=float,
+            default=NOTIFICATIONS_SHARE,
+            help=(
+                "share of the worker's CPU the notifications pool may take while resumes are "
+                f"waiting, in (0, 1] (default {NOTIFICATIONS_SHARE}; 1: no limit)"
+            ),
+        )
 
     def handle(
         self,
@@ -265,17 +356,25 @@ class Command(BaseCommand):
         no_listen: bool,
         notification_threads: int,
         notifications_interval: float,
+        notifications_share: float,
         **options,
     ) -> None:
+        try:
+            check_share(notifications_share)
+        except ValueError as error:
+            raise CommandError(f"--notifications-share: {error}") from None
         worker_id = worker_id or get_random_string(32)
         listen = connection.vendor == "postgresql" and not no_listen
         stop = threading.Event()
+        activity = ResumeActivity()
         pools = [
             NotificationsPool(
                 worker_id=f"{worker_id}/notifications-{n}",
                 interval=notifications_interval,
                 stop=stop,
                 listen=listen,
+                resumes=activity,
+                share=notifications_share,
             )
             for n in range(1, notification_threads + 1)
         ]
@@ -302,6 +401,7 @@ class Command(BaseCommand):
         # No autoreload: a reloaded worker would leave its task RUNNING mid-resume.
         pool = ResumePool(
             listener=Listener() if listen else None,
+            activity=activity,
             queue_names=[DEFAULT_TASK_QUEUE_NAME],
             interval=interval,
             batch=False,

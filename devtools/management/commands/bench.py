@@ -17,8 +17,11 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connection
+from django.db.models import F, Sum
+from django.db.models.functions import Coalesce
 from django.test import Client
 
+from approvals.management.commands import worker as worker_command
 from approvals.models import AuditEvent, Membership, Role, Run, RunStatus, Tenant
 from approvals.runs.pause import pause_run
 from approvals.runs.resume import resume
@@ -139,6 +142,8 @@ class Command(BaseCommand):
             "death": 300,
             "profile": 150,
             "queries": 25,
+            "backlog_unpaced": 400,
+            "backlog_paced": 400,
         }
         groups: dict[str, list[cloning.Clone]] = {}
         t0 = time.monotonic()
@@ -204,6 +209,9 @@ class Command(BaseCommand):
 
         # 4. queue and audit pages at 100k tickets / 300k events, beside the admin.
         report.update(self.pages(options, out_dir))
+
+        # Resumes beside a fan-out backlog: the pages' events, none yet fanned out.
+        report["resume_fan_out_backlog"] = self.backlog(procs, groups, approver)
         return report
 
     def notified(self) -> None:
@@ -473,6 +481,40 @@ class Command(BaseCommand):
             "worker_memory_statuses": cloning.statuses(all_ids),
         }
 
+    # --- resumes beside a fan-out backlog ------------------------------------------------------
+
+    def backlog(self, procs, groups, approver) -> dict[str, Any]:
+        """One worker resumes runs while its notifications pool catches up on the pages' events
+        (300,000 by default, over 20 tenants, none yet fanned out), as after a worker was down:
+        first with the pool unpaced (--notifications-share 1), then as deployed. Resumes a
+        second, and the events the pool fanned out a second over the same span."""
+        result: dict[str, Any] = {}
+        for key, share in (("unpaced", "1"), ("paced", None)):
+            chunk = groups[f"backlog_{key}"]
+            ids = [c.run_id for c in chunk]
+            behind_before = _events_behind()
+            cloning.approve_in_bulk(chunk, approver)
+            args = ["--interval", "1", *(["--notifications-share", share] if share else [])]
+            worker = procs.start("worker", "worker", *args, env=self.web_env())
+            cloning.wait_finished(ids, timeout=600, procs=[worker])
+            behind_after = _events_behind()
+            procs.stop(worker)
+            span = cloning.span_seconds(ids)
+            once = cloning.exactly_once(c.release for c in chunk)
+            result[key] = {
+                "share": float(share) if share else worker_command.NOTIFICATIONS_SHARE,
+                "runs": len(ids),
+                "resumes_per_s": round(len(ids) / span, 1),
+                # From the worker's start to the bench's look after the last run finished: a
+                # little longer than the resumes' span, the same for both.
+                "events_fanned_out": behind_before - behind_after,
+                "events_behind_at_start": behind_before,
+                "statuses": cloning.statuses(ids),
+                **once,
+            }
+            self.say(f"fan-out backlog, {key}: {result[key]}")
+        return result
+
     # --- several workers, one dies ------------------------------------------------------------
 
     def worker_death(self, procs, clones, approver) -> dict[str, Any]:
@@ -590,3 +632,11 @@ class Command(BaseCommand):
             ),
             "page_rows": {"tickets": total_t, "audit_events": total_e, "tenants": 20},
         }
+
+
+def _events_behind() -> int:
+    """Audit events committed and not yet fanned out, over every tenant."""
+    behind = Tenant.objects.aggregate(
+        behind=Sum(F("audit_seq") - Coalesce(F("fan_out_cursor__seq"), 0))
+    )["behind"]
+    return int(behind or 0)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 
 import pytest
+from django.core.management import CommandError, call_command
 from django.db import transaction
 
 from approvals.audit import chain as audit
@@ -173,3 +174,140 @@ def test_the_resume_pool_claims_as_it_runs_a_task_so_a_sigterm_waits_for_the_cla
 
     assert seen == [True]
     assert pool.running_task is False
+
+
+# --- resumes first ----------------------------------------------------------------------------
+
+
+class Clock:
+    def __init__(self, now: float = 100.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_resume_pool_has_work_while_a_task_runs_and_a_moment_after():
+    clock = Clock()
+    activity = worker.ResumeActivity(clock=clock)
+    assert activity.active() is False
+
+    with activity.task():
+        clock.now += 30  # a long task is active all along
+        assert activity.active() is True
+
+    assert activity.active() is True
+    clock.now += worker.ResumeActivity.RECENT_SECONDS - 0.01
+    assert activity.active() is True
+    clock.now += 0.02
+    assert activity.active() is False
+
+
+def test_a_task_that_raises_still_ends_the_resume_pool_s_work():
+    activity = worker.ResumeActivity(clock=Clock())
+    with pytest.raises(RuntimeError), activity.task():
+        raise RuntimeError("the task failed")
+    assert activity.running is False
+    assert activity.ended_at == 100.0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_resume_pool_tells_its_activity_of_each_task_it_runs(monkeypatch):
+    queue.resume_run_task.enqueue(1)
+    pool = _resume_pool(max_tasks=1)
+    seen = []
+
+    def run_task(self, task_result):
+        seen.append(pool.activity.active())
+        self._run_tasks += 1
+
+    monkeypatch.setattr(worker.db_worker.Worker, "run_task", run_task)
+
+    pool.run()
+
+    assert seen == [True]
+    assert pool.activity.running is False
+    assert pool.activity.ended_at is not None
+
+
+def _paced_pool(activity, share=0.25) -> worker.NotificationsPool:
+    return worker.NotificationsPool(
+        worker_id="w/notifications-1",
+        interval=0.25,
+        stop=threading.Event(),
+        listen=False,
+        resumes=activity,
+        share=share,
+    )
+
+
+@pytest.mark.parametrize(
+    ("resuming", "share", "cpu", "rest"),
+    [
+        (True, 0.25, 0.2, 0.6),  # a quarter: three times the CPU it took
+        (True, 0.5, 0.2, 0.2),
+        (True, 0.25, 10.0, worker.MAX_REST_SECONDS),
+        (True, 0.25, 0.0, 0.0),  # a delivery that only waited on its receiver
+        (True, 1.0, 0.2, 0.0),  # no limit
+        (False, 0.25, 0.2, 0.0),  # no resumes: catch up at full speed
+    ],
+)
+def test_a_busy_pass_rests_in_proportion_to_its_cpu_only_while_resumes_go_on(
+    resuming, share, cpu, rest
+):
+    clock = Clock()
+    activity = worker.ResumeActivity(clock=clock)
+    if resuming:
+        activity.running = True
+
+    assert _paced_pool(activity, share).rest_after(cpu) == pytest.approx(rest)
+
+
+def test_a_pool_without_a_resume_pool_never_rests():
+    assert _paced_pool(None).rest_after(1.0) == 0.0
+
+
+@pytest.mark.parametrize("share", [0, -0.5, 1.5])
+def test_a_share_out_of_range_is_refused(share):
+    with pytest.raises(ValueError, match="more than 0 and at most 1"):
+        _paced_pool(None, share)
+
+
+def test_the_pool_rests_after_each_busy_pass_while_resumes_go_on(monkeypatch):
+    activity = worker.ResumeActivity(clock=Clock())
+    activity.running = True
+    pool = _paced_pool(activity)
+    # The thread's CPU clock, read before each pass and after each busy one.
+    cpu = iter([0.0, 0.1, 0.1, 0.1, 0.3, 0.3])
+    pool.cpu_clock = lambda: next(cpu)
+    passes = iter([True, False, True])
+    rests, waits = [], []
+
+    def step():
+        busy = next(passes, None)
+        if busy is None:
+            pool.stop.set()
+            return False
+        return busy
+
+    class Stop(threading.Event):
+        def wait(self, timeout=None):
+            rests.append(round(timeout, 6))
+            return False
+
+    pool.stop = Stop()
+    monkeypatch.setattr(pool, "step", step)
+    monkeypatch.setattr(pool, "wait", lambda: waits.append(True))
+
+    pool.run()
+
+    # The two busy passes took 0.1 and 0.2 s of CPU: rests of 0.3 and 0.6 s; the idle pass and
+    # the last one wait as idle passes do.
+    assert rests == [0.3, 0.6]
+    assert len(waits) == 2
+
+
+@pytest.mark.django_db
+def test_the_command_refuses_a_share_out_of_range():
+    with pytest.raises(CommandError, match="--notifications-share: a share must be more than 0"):
+        call_command("worker", "--notifications-share", "0")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from functools import cached_property
 
 from django import forms
 from django.conf import settings
@@ -30,6 +31,14 @@ class _TenantFilterForm(forms.Form):
     def __init__(self, *args, tenant_slugs: list[str], **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.tenant_slugs = tenant_slugs
+
+    @cached_property
+    def chosen(self) -> dict[str, str]:
+        """What the person asked for, as sent, every field's ("" for one not sent): what the
+        page's controls show again. A template comparing each option of a long list with
+        form.data.<name> fails a lookup per option when the name was not sent; this dict has
+        every name."""
+        return {name: self.data.get(name, "") for name in self.fields}
 
     def clean_tenant(self) -> str:
         slug = self.cleaned_data["tenant"]

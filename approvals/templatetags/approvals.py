@@ -4,9 +4,11 @@ from datetime import datetime
 
 from django import template
 from django.utils import timezone
-from django.utils.html import format_html
+from django.utils.html import escape, format_html
+from django.utils.safestring import SafeString, mark_safe
 from django.utils.timesince import timesince
 
+from approvals.audit.sentences import ChangeLine, Description
 from approvals.decisions import stepup
 from approvals.policies import rules
 
@@ -66,3 +68,33 @@ def step_up_summary(policy) -> str:
 def condition(rule: dict) -> str:
     """A step-up condition as the policy form writes it: "environment == production"."""
     return rules.describe_condition(rule)
+
+
+def _change(change: ChangeLine) -> str:
+    if change.kind == "added":
+        how = format_html("added <ins>{}</ins>", change.after)
+    elif change.kind == "removed":
+        how = format_html("removed <del>{}</del>", change.before)
+    else:
+        how = format_html("<del>{}</del> → <ins>{}</ins>", change.before, change.after)
+    return format_html(
+        '<li class="change {}"><span class="what">{}</span> {}</li>', change.kind, change.what, how
+    )
+
+
+@register.filter
+def said(description: Description) -> SafeString:
+    """An audit event's sentence as markup, with what changed: every part escaped (a value
+    written by a person, a model or a caller is never markup), the values in <strong>.
+
+    A filter rather than an included template: the audit page shows fifty of them, and a
+    template's loop over a sentence's parts cost a quarter of the page's rows.
+    """
+    sentence = "".join(
+        f"<strong>{escape(part.text)}</strong>" if part.is_value else escape(part.text)
+        for part in description.parts
+    )
+    html = f'<span class="sentence">{sentence}.</span>'
+    if description.changes:
+        html += '<ul class="changes">' + "".join(map(_change, description.changes)) + "</ul>"
+    return mark_safe(html)  # noqa: S308 - every value above is escaped

@@ -36,13 +36,16 @@ def audit_chains(request: HttpRequest) -> HttpResponse:
     tenants = access.history_tenants(request)
     if not tenants:
         raise Http404("No such page.")
-    chains = [
-        {"tenant": t, "report": history.chain_status(t, compute=True)}
-        for t in sorted(tenants.values(), key=lambda t: t.slug)
-    ]
+    chains = _chains(tenants, compute_up_to=None)
     return render(
         request, "approvals/audit.html#chains", {"chains": chains, "chains_pending": False}
     )
+
+
+def _chains(tenants: dict, *, compute_up_to: int | None) -> list[dict]:
+    ordered = sorted(tenants.values(), key=lambda t: t.slug)
+    reports = history.chain_statuses(ordered, compute_up_to=compute_up_to)
+    return [{"tenant": t, "report": r} for t, r in zip(ordered, reports, strict=True)]
 
 
 @login_required
@@ -57,10 +60,8 @@ def audit_history(request: HtmxHttpRequest) -> HttpResponse:
             status=403,
         )
     form = AuditFilterForm(request.GET, tenant_slugs=sorted(t.slug for t in tenants.values()))
-    chains = [
-        {"tenant": t, "report": history.chain_status(t, compute=t.audit_seq <= CHAIN_INLINE_EVENTS)}
-        for t in sorted(tenants.values(), key=lambda t: t.slug)
-    ]
+    # Small chains are verified inline; long ones load after the page (or come from cache).
+    chains = _chains(tenants, compute_up_to=CHAIN_INLINE_EVENTS)
     page = None
     if form.is_valid():
         try:
@@ -76,7 +77,6 @@ def audit_history(request: HtmxHttpRequest) -> HttpResponse:
         "form": form,
         "page": page,
         "tenants": sorted(tenants.values(), key=lambda t: t.slug),
-        # Small chains are verified inline; long ones load after the page (or come from cache).
         "chains": chains,
         "chains_pending": any(c["report"] is None for c in chains),
         "entries": [(e, sentences.describe(e)) for e in page.rows] if page else [],

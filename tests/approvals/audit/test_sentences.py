@@ -4,8 +4,9 @@ rest of its detail as facts, and a generic sentence when the template cannot be 
 from __future__ import annotations
 
 from approvals.audit import actions
-from approvals.audit.sentences import ChangeLine, Fact, Part, describe
+from approvals.audit.sentences import ChangeLine, Description, Fact, Part, describe
 from approvals.models import AuditEvent
+from approvals.templatetags.approvals import said as said_html
 
 
 def event(action: str, **fields) -> AuditEvent:
@@ -167,3 +168,39 @@ def test_sentences_member_changes_say_who_and_which_role():
     assert describe(invited).sentence == "ada invited sam@example.com as auditor"
     areas = {action.name: area for area, group in actions.grouped() for action in group}
     assert areas["tenant.created"] == areas["member.added"] == "Members"
+
+
+def test_the_said_filter_shows_a_sentence_and_its_changes_with_every_value_escaped():
+    hostile = "<img src=x onerror=\"alert(1)\"> & 'q'"
+    said = Description(
+        parts=(Part("alice changed "), Part(hostile, is_value=True), Part(" & more")),
+        changes=(
+            ChangeLine("approvals needed", "changed", "1", hostile),
+            ChangeLine(hostile, "added", "", "release"),
+            ChangeLine("groups", "removed", hostile, ""),
+        ),
+        facts=(),
+    )
+    escaped = "&lt;img src=x onerror=&quot;alert(1)&quot;&gt; &amp; &#x27;q&#x27;"
+
+    html = said_html(said)
+
+    assert html == (
+        f'<span class="sentence">alice changed <strong>{escaped}</strong> &amp; more.</span>'
+        '<ul class="changes">'
+        '<li class="change changed"><span class="what">approvals needed</span> '
+        f"<del>1</del> → <ins>{escaped}</ins></li>"
+        f'<li class="change added"><span class="what">{escaped}</span> added '
+        "<ins>release</ins></li>"
+        '<li class="change removed"><span class="what">groups</span> removed '
+        f"<del>{escaped}</del></li>"
+        "</ul>"
+    )
+
+
+def test_the_said_filter_leaves_out_the_list_when_nothing_changed():
+    said = Description(
+        parts=(Part("Run #3 "), Part("completed", is_value=True)), changes=(), facts=()
+    )
+
+    assert said_html(said) == '<span class="sentence">Run #3 <strong>completed</strong>.</span>'

@@ -12,6 +12,7 @@ from unittest import mock
 import pytest
 from django.core.cache import cache
 from django.db import connection, transaction
+from django.http import QueryDict
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils.html import escape
@@ -19,6 +20,7 @@ from django.utils.html import escape
 from approvals.audit import chain as audit
 from approvals.audit import history
 from approvals.audit.history import EXPORT_FIELDS
+from approvals.forms.filters import AuditFilterForm
 from approvals.models import AuditEvent, Role
 from approvals.policies.versions import save_policy
 from tests.support import TenantFactory, member
@@ -639,3 +641,21 @@ def test_audit_export_has_the_sentence_of_each_event(client):
     assert json.loads(line)["sentence"] == (
         "admin cleared session s-1 in the redis store: 2 items."
     )
+
+
+def test_the_filters_show_again_what_was_chosen_and_every_name_not_sent_as_empty():
+    form = AuditFilterForm(
+        QueryDict("action=session.cleared&tenant=acme&q=2026.07"), tenant_slugs=["acme"]
+    )
+
+    assert form.chosen == {
+        "tenant": "acme",
+        "tool": "",
+        "after": "",
+        "actor": "",
+        "q": "2026.07",
+        "action": "session.cleared",
+        "outcome": "",
+        "since": "",
+        "until": "",
+    }

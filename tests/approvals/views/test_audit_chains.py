@@ -8,6 +8,7 @@ from django.db import transaction
 from django.urls import reverse
 
 from approvals.audit import chain as audit
+from approvals.audit import history
 from approvals.models import Role
 from approvals.views import audit as audit_views
 from tests.support import TenantFactory, member
@@ -50,3 +51,31 @@ def test_audit_chains_fragment_is_404_without_a_history_role(client):
     client.force_login(member(tenant, Role.APPROVER))
 
     assert client.get(reverse("approvals:audit-chains")).status_code == 404
+
+
+def test_every_tenant_s_chain_is_read_from_the_cache_in_one_round_trip(monkeypatch):
+    short, long, cached = (TenantFactory(slug=s) for s in ("short", "long", "cached"))
+    _history(short, 1)
+    _history(long, 3)
+    _history(cached, 3)
+    # The third's report is in the cache already (as the chains fragment leaves it).
+    (report,) = history.chain_statuses([_fresh(cached)], compute_up_to=None)
+    reads, computed = [], []
+    real_get_many, real_verify = cache.get_many, history.verify_chain
+    monkeypatch.setattr(cache, "get_many", lambda keys: reads.append(keys) or real_get_many(keys))
+    monkeypatch.setattr(
+        history, "verify_chain", lambda t: computed.append(t.slug) or real_verify(t)
+    )
+
+    reports = history.chain_statuses([_fresh(short), _fresh(long), _fresh(cached)], compute_up_to=2)
+
+    assert len(reads) == 1 and len(reads[0]) == 3
+    # Only the short chain is computed now; the long one is left for the fragment.
+    assert computed == ["short"]
+    assert [r.ok if r else None for r in reports] == [True, None, True]
+    assert reports[2] == report
+
+
+def _fresh(tenant):
+    tenant.refresh_from_db()
+    return tenant

@@ -16,6 +16,7 @@ from django.utils import timezone
 from django.utils.html import escape
 
 from approvals.core.canonical import arguments_digest
+from approvals.decisions.claims import claim
 from approvals.models import Role, Run, Ticket, TicketStatus, TicketVote
 from approvals.policies.versions import save_policy
 from tests.support import TenantFactory, caller_run, member
@@ -479,3 +480,64 @@ def test_queue_keys_are_the_ones_that_work_here(client, role, expected):
     assert re.findall(r'data-hint="([^"]+)"', body) == expected
     assert "<kbd>a</kbd>" not in body
     assert "<kbd>r</kbd>" not in body
+
+
+def test_queue_rows_show_their_claimants_and_tenants_in_queries_that_do_not_grow(
+    client, django_assert_num_queries
+):
+    one, two = TenantFactory(slug="one"), TenantFactory(slug="two")
+    viewer = member(one, Role.APPROVER, username="vic")
+    member(two, Role.APPROVER, username="vic")
+    first = cheap_ticket(one)
+    claimants = [member(one, Role.APPROVER, username="ann")]
+    claim(first, user=claimants[0])
+    client.force_login(viewer)
+    at_one = queries_for(client, f"{QUEUE}?tenant=")
+
+    claimed = [first]
+    for index in range(10):
+        tenant = (one, two)[index % 2]
+        ticket = cheap_ticket(tenant)
+        if index % 3 == 0:
+            claimants.append(member(tenant, Role.APPROVER, username=f"cl{index}"))
+            claim(ticket, user=claimants[-1])
+            claimed.append(ticket)
+    with django_assert_num_queries(at_one):
+        body = client.get(f"{QUEUE}?tenant=").content.decode()
+
+    for ticket, who in zip(claimed, claimants, strict=True):
+        assert (
+            f'<span class="claim-badge" id="claim-badge-{ticket.pk}">{who.username} is on it'
+            in body
+        )
+    assert body.count('<td data-label="Tenant">one</td>') == 6
+    assert body.count('<td data-label="Tenant">two</td>') == 5
+
+
+def test_queue_reads_its_tickets_joined_to_their_runs_and_requesters_alone(client):
+    # Every further join (tenant, policy, claimant) cost PostgreSQL milliseconds of planning on
+    # each request: those are read from the memberships, or after, in a query of their own.
+    tenant = TenantFactory()
+    admin = member(tenant, Role.ADMIN)
+    voted_ticket(tenant, admin, tool="deploy_release", voter=member(tenant, Role.APPROVER))
+    client.force_login(member(tenant, Role.VIEWER))
+
+    with CaptureQueriesContext(connection) as captured:
+        assert client.get(f"{QUEUE}?tenant={tenant.slug}").status_code == 200
+
+    (page,) = [q["sql"] for q in captured if 'FROM "approvals_ticket"' in q["sql"]]
+    joined = re.findall(r'JOIN "(\w+)"', page)
+    assert joined == ["approvals_run", "auth_user"]
+
+
+def test_the_queue_page_selects_the_options_chosen_and_no_other(client):
+    tenant = TenantFactory(slug="acme")
+    member(tenant, Role.VIEWER, username="req")
+    client.force_login(member(tenant, Role.VIEWER, username="viewer"))
+
+    body = client.get(QUEUE, {"requester": "req", "tenant": "acme"})
+    body = body.content.decode()
+
+    assert body.count(" selected>") == 2
+    assert '<option value="req" selected>req</option>' in body
+    assert '<option value="acme" selected>acme</option>' in body

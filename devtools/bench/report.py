@@ -192,8 +192,8 @@ def _console_rows(r: dict[str, Any]) -> list[tuple]:
                 f"{u['resumes_per_s']} / {p['resumes_per_s']} (events fanned out "
                 f"{u['events_fanned_out']} / {p['events_fanned_out']}; dup "
                 f"{u['duplicates'] + p['duplicates']}, lost {u['lost'] + p['lost']})",
-                "no duplicate",
-                ok(u["duplicates"] + p["duplicates"] == 0),
+                "none duplicated or lost",
+                ok(u["duplicates"] + p["duplicates"] + u["lost"] + p["lost"] == 0),
             )
         )
     d = r["worker_death"]

@@ -12,10 +12,11 @@ hangs holds up only that pool, never a resume. Before each claim it sends signal
 notifications fans out the audit events committed since its last look, here rather than in
 the request or the resume that committed them. It polls every --notifications-interval
 seconds (woken early on PostgreSQL by a NOTIFY on its own channel) and at once while it has
-work. Resumes come first: while the resume pool has work, the notifications pool's busy passes
-keep to a share of the process's CPU (--notifications-share; ResumeActivity), so a fan-out
-backlog (a worker that was down, a burst of events) is caught up beside the resumes without
-taking their interpreter from them.
+work. Resumes come first: while the resume pool has work that wants the interpreter, the
+notifications pool's busy passes keep to a share of the process's CPU (--notifications-share;
+ResumeActivity), so a fan-out backlog (a worker that was down, a burst of events) is caught up
+beside the resumes without taking their interpreter from them; beside resumes that only wait
+(on a model's answer) it goes at full speed.
 
 django-tasks-db has no lease: a worker killed mid-task leaves its task RUNNING forever. So every
 worker process also runs the reaper (they are safe together): each pass records this
@@ -27,6 +28,7 @@ approvals knowing them.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -115,9 +117,11 @@ class Listener:
 
 
 class ResumeActivity:
-    """Whether the resume pool has work: a task running now, or one ended a moment ago (the
-    pool claims the next at once while there are more). Written by the resume pool's thread,
-    read by the notifications pool's."""
+    """What the resume pool is doing, as the notifications pool sees it: whether it has work (a
+    task running now, or one ended a moment ago: the pool claims the next at once while there
+    are more), and its thread's CPU clock, which says whether that work wants the interpreter
+    (a resume waiting on a model's answer holds none of it). Written by the resume pool's
+    thread, read by the notifications pool's."""
 
     # A task ended this recently still counts: the next claim follows within a statement.
     RECENT_SECONDS = 0.5
@@ -126,6 +130,21 @@ class ResumeActivity:
         self.clock = clock
         self.running = False
         self.ended_at: float | None = None
+        self.thread_cpu: Callable[[], float] | None = None
+
+    def attach(self) -> None:
+        """Called on the resume pool's thread: its CPU clock, read from other threads where the
+        platform has one per thread (Linux); elsewhere thread_cpu stays None."""
+        try:
+            clock_id = time.pthread_getcpuclockid(threading.get_ident())
+            time.clock_gettime(clock_id)
+        except (AttributeError, OSError):
+            return
+        self.thread_cpu = functools.partial(time.clock_gettime, clock_id)
+
+    def cpu(self) -> float | None:
+        """The resume pool's thread's CPU seconds so far, or None where it cannot be read."""
+        return self.thread_cpu() if self.thread_cpu is not None else None
 
     @contextmanager
     def task(self) -> Iterator[None]:
@@ -133,8 +152,9 @@ class ResumeActivity:
         try:
             yield
         finally:
-            self.running = False
+            # The end first: a reader between the two lines sees a task that just ended.
             self.ended_at = self.clock()
+            self.running = False
 
     def active(self) -> bool:
         if self.running:
@@ -161,6 +181,7 @@ class ResumePool(db_worker.Worker):
 
     def run(self) -> None:
         logger.info("Starting worker worker_id=%s queues=%s", self.worker_id, self.queue_names)
+        self.activity.attach()
         while self.running:
             # Dropped or expired connections are seen to on waking, as db_worker does.
             close_old_connections()
@@ -196,12 +217,17 @@ class ResumePool(db_worker.Worker):
 # once (the fan-out takes at most 100 of each tenant's events a pass).
 FAN_OUT_BACKLOG = 100
 
-# The notifications pool's share of the process's CPU while the resume pool has work: after a
-# busy pass that took c seconds of its thread's CPU it rests c * (1 - share) / share seconds
-# (3 c at a quarter), at most MAX_REST_SECONDS. CPU, not wall time: a delivery waiting on a
-# receiver that never answers holds no CPU and earns no rest.
+# The notifications pool's share of the process's CPU while the resume pool's work wants it:
+# after a busy pass that took c seconds of its thread's CPU, a thread of the pool rests
+# c * (1 - share) / share seconds (3 c at a quarter), at most MAX_REST_SECONDS. CPU, not wall
+# time: a delivery waiting on a receiver that never answers holds no CPU and earns no rest. The
+# pool's share is divided among its threads.
 NOTIFICATIONS_SHARE = 0.25
 MAX_REST_SECONDS = 5.0
+# The resume pool's work wants the interpreter when its thread took at least this part of the
+# CPU the pass took, over the same pass: a resume waiting on a model, a tool or the database
+# takes next to none, and then the pass rests not at all.
+CONTENDED = 0.1
 
 
 def check_share(share: float) -> None:
@@ -210,15 +236,22 @@ def check_share(share: float) -> None:
         raise ValueError(f"a share must be more than 0 and at most 1, not {share:g}")
 
 
+def thread_share(share: float, threads: int) -> float:
+    """Each thread's part of the notifications pool's share: the pool's, divided among its
+    threads; 1 (no limit) stays 1."""
+    return 1.0 if share >= 1 else share / max(threads, 1)
+
+
 class NotificationsPool:
     """One thread of the notifications pool: the fan-out's catch-up, then one task of its queue.
 
     It drives django-tasks-db's Worker for running a task (its result, its signals) but loops
     itself, so that the fan-out runs before every claim and its sleep is its own, not the
-    resume pool's. While `resumes` (the process's resume pool) has work, each busy pass is
-    followed by a rest in proportion to the CPU it took (rest_after), so the pool keeps to
-    `share` of the interpreter the resumes run in; with no resumes going on it catches up at
-    full speed. A share of 1 never rests.
+    resume pool's. While `resumes` (the process's resume pool) has work that wants the
+    interpreter, each busy pass is followed by a rest in proportion to the CPU it took
+    (rest_after), so the thread keeps to `share` of the interpreter the resumes run in; with no
+    resumes going on, or resumes that only wait, it catches up at full speed. A share of 1
+    never rests.
     """
 
     def __init__(
@@ -253,6 +286,7 @@ class NotificationsPool:
     def run(self) -> None:
         while not self.stop.is_set():
             cpu_before = self.cpu_clock()
+            resume_cpu_before = self.resumes.cpu() if self.resumes is not None else None
             try:
                 busy = self.step()
             except Exception:
@@ -262,17 +296,35 @@ class NotificationsPool:
                 close_old_connections()
             if not busy:
                 self.wait()
-            elif rest := self.rest_after(self.cpu_clock() - cpu_before):
-                self.stop.wait(rest)
+            else:
+                resume_cpu = self.resumes.cpu() if self.resumes is not None else None
+                rest = self.rest_after(
+                    self.cpu_clock() - cpu_before,
+                    # Not known across the resume pool's start, which attaches its clock.
+                    None
+                    if resume_cpu is None or resume_cpu_before is None
+                    else resume_cpu - resume_cpu_before,
+                )
+                if rest:
+                    self.stop.wait(rest)
         connection.close()
 
-    def rest_after(self, cpu_seconds: float) -> float:
-        """Seconds to rest after a busy pass that took cpu_seconds of this thread's CPU: none
-        while the resume pool is idle (or with a share of 1), else enough that the pool keeps
-        to its share, at most MAX_REST_SECONDS."""
+    def rest_after(self, cpu_seconds: float, resume_cpu_seconds: float | None = None) -> float:
+        """Seconds to rest after a busy pass that took cpu_seconds of this thread's CPU, while
+        the resume pool's thread took resume_cpu_seconds (None: not known on this platform).
+
+        None while the resume pool has no work, or its work took less than CONTENDED of the
+        pass's CPU (it waits, on a model, a tool or the database, and wants no interpreter),
+        or with a share of 1; else enough that this thread keeps to its share, at most
+        MAX_REST_SECONDS (a pass of more CPU than that allows, some 250 tenants behind at once,
+        takes more than its share).
+        """
         if self.share >= 1 or self.resumes is None or not self.resumes.active():
             return 0.0
-        return min(max(cpu_seconds, 0.0) * (1 - self.share) / self.share, MAX_REST_SECONDS)
+        cpu_seconds = max(cpu_seconds, 0.0)
+        if resume_cpu_seconds is not None and resume_cpu_seconds < CONTENDED * cpu_seconds:
+            return 0.0
+        return min(cpu_seconds * (1 - self.share) / self.share, MAX_REST_SECONDS)
 
     def step(self) -> bool:
         """One pass: the fan-out catches up, then one task runs. Whether the next pass should
@@ -342,8 +394,9 @@ class Command(BaseCommand):
             type=float,
             default=NOTIFICATIONS_SHARE,
             help=(
-                "share of the worker's CPU the notifications pool may take while resumes are "
-                f"waiting, in (0, 1] (default {NOTIFICATIONS_SHARE}; 1: no limit)"
+                "share of the worker's CPU the notifications pool (all its threads) may take "
+                "while resumes are running and want it, in (0, 1] "
+                f"(default {NOTIFICATIONS_SHARE}; 1: no limit)"
             ),
         )
 
@@ -374,7 +427,7 @@ class Command(BaseCommand):
                 stop=stop,
                 listen=listen,
                 resumes=activity,
-                share=notifications_share,
+                share=thread_share(notifications_share, notification_threads),
             )
             for n in range(1, notification_threads + 1)
         ]

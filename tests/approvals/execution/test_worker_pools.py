@@ -4,6 +4,7 @@ followed at once by the next and when the next waits as an idle pass does."""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 from django.core.management import CommandError, call_command
@@ -203,6 +204,46 @@ def test_the_resume_pool_has_work_while_a_task_runs_and_a_moment_after():
     assert activity.active() is False
 
 
+def test_a_task_s_end_is_written_before_it_stops_running():
+    # A reader between the two writes sees a task that has just ended, never an old one.
+    activity = worker.ResumeActivity()
+    seen = []
+
+    def clock():
+        seen.append(activity.running)
+        return 100.0
+
+    activity.clock = clock
+    with activity.task():
+        pass
+
+    assert seen == [True]
+    assert activity.active() is True
+
+
+def test_the_resume_pool_s_cpu_is_its_own_thread_s():
+    activity = worker.ResumeActivity()
+    assert activity.cpu() is None  # not attached yet
+    attached, done = threading.Event(), threading.Event()
+
+    def resume_thread():
+        activity.attach()
+        attached.set()
+        done.wait()  # waits, as a resume waiting on a model does: no CPU
+
+    thread = threading.Thread(target=resume_thread)
+    thread.start()
+    attached.wait()
+    try:
+        before, mine = activity.cpu(), time.thread_time()
+        while time.thread_time() - mine < 0.05:  # this thread works
+            sum(range(1000))
+        assert activity.cpu() - before < 0.025
+    finally:
+        done.set()
+        thread.join()
+
+
 def test_a_task_that_raises_still_ends_the_resume_pool_s_work():
     activity = worker.ResumeActivity(clock=Clock())
     with pytest.raises(RuntimeError), activity.task():
@@ -263,6 +304,30 @@ def test_a_busy_pass_rests_in_proportion_to_its_cpu_only_while_resumes_go_on(
     assert _paced_pool(activity, share).rest_after(cpu) == pytest.approx(rest)
 
 
+@pytest.mark.parametrize(
+    ("resume_cpu", "rest"),
+    [
+        (0.001, 0.0),  # the resumes wait (on a model): the pass takes the idle interpreter
+        (0.019, 0.0),
+        (0.021, 0.6),  # over a tenth of the pass's CPU: they want the interpreter
+        (0.2, 0.6),
+        (None, 0.6),  # not known on this platform: the task alone says
+    ],
+)
+def test_a_busy_pass_rests_only_when_the_resumes_wanted_the_interpreter(resume_cpu, rest):
+    activity = worker.ResumeActivity(clock=Clock())
+    activity.running = True
+
+    assert _paced_pool(activity).rest_after(0.2, resume_cpu) == pytest.approx(rest)
+
+
+def test_the_pool_s_share_is_divided_among_its_threads():
+    assert worker.thread_share(0.25, 1) == 0.25
+    assert worker.thread_share(0.25, 2) == 0.125
+    assert worker.thread_share(0.25, 0) == 0.25
+    assert worker.thread_share(1.0, 4) == 1.0
+
+
 def test_a_pool_without_a_resume_pool_never_rests():
     assert _paced_pool(None).rest_after(1.0) == 0.0
 
@@ -305,6 +370,67 @@ def test_the_pool_rests_after_each_busy_pass_while_resumes_go_on(monkeypatch):
     # the last one wait as idle passes do.
     assert rests == [0.3, 0.6]
     assert len(waits) == 2
+
+
+def test_the_pool_goes_on_when_the_resume_pool_attaches_its_clock_during_a_pass(monkeypatch):
+    activity = worker.ResumeActivity(clock=Clock())
+    activity.running = True
+    pool = _paced_pool(activity)
+    cpu = iter([0.0, 0.1, 0.1])
+    pool.cpu_clock = lambda: next(cpu)
+    rests = []
+
+    def step():
+        if activity.thread_cpu is None:
+            activity.thread_cpu = lambda: 3.0  # the resume pool starts mid-pass
+            return True
+        pool.stop.set()
+        return False
+
+    class Stop(threading.Event):
+        def wait(self, timeout=None):
+            rests.append(round(timeout, 6))
+            return False
+
+    pool.stop = Stop()
+    monkeypatch.setattr(pool, "step", step)
+    monkeypatch.setattr(pool, "wait", lambda: None)
+
+    pool.run()
+
+    # Its CPU over the pass is not known: the task alone says, as where it cannot be read.
+    assert rests == [0.3]
+
+
+def test_the_pool_does_not_rest_beside_resumes_that_only_wait(monkeypatch):
+    activity = worker.ResumeActivity(clock=Clock())
+    activity.running = True
+    activity.thread_cpu = lambda: 7.0  # the resume thread takes no CPU at all
+    pool = _paced_pool(activity)
+    cpu = iter([0.0, 0.1, 0.1, 0.3, 0.3])
+    pool.cpu_clock = lambda: next(cpu)
+    passes = iter([True, True])
+    rests = []
+
+    def step():
+        busy = next(passes, None)
+        if busy is None:
+            pool.stop.set()
+            return False
+        return busy
+
+    class Stop(threading.Event):
+        def wait(self, timeout=None):
+            rests.append(timeout)
+            return False
+
+    pool.stop = Stop()
+    monkeypatch.setattr(pool, "step", step)
+    monkeypatch.setattr(pool, "wait", lambda: None)
+
+    pool.run()
+
+    assert rests == []
 
 
 @pytest.mark.django_db

@@ -316,8 +316,8 @@ class NotificationsPool:
         None while the resume pool has no work, or its work took less than CONTENDED of the
         pass's CPU (it waits, on a model, a tool or the database, and wants no interpreter),
         or with a share of 1; else enough that this thread keeps to its share, at most
-        MAX_REST_SECONDS (a pass of more CPU than that allows, some 250 tenants behind at once,
-        takes more than its share).
+        MAX_REST_SECONDS (a pass of more CPU than that allows, when many tenants are behind at
+        once, takes more than its share).
         """
         if self.share >= 1 or self.resumes is None or not self.resumes.active():
             return 0.0

@@ -117,6 +117,7 @@ def queue(request: HtmxHttpRequest) -> HttpResponse:
 
 
 def _queue_row(ticket: Ticket, memberships: dict[int, Membership]) -> dict:
+    # The tenant is not joined to the ticket: the person's membership has it.
     ticket.tenant = memberships[ticket.tenant_id].tenant
     # The line shows the ticket's copy, so the copy must still have its digest; a flagged call
     # is approved only on its own page, where its flags are shown: neither goes in a batch.

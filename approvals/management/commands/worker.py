@@ -313,7 +313,7 @@ class NotificationsPool:
         """Seconds to rest after a busy pass that took cpu_seconds of this thread's CPU, while
         the resume pool's thread took resume_cpu_seconds (None: not known on this platform).
 
-        None while the resume pool has no work, or its work took less than CONTENDED of the
+        No rest while the resume pool has no work, or its work took less than CONTENDED of the
         pass's CPU (it waits, on a model, a tool or the database, and wants no interpreter),
         or with a share of 1; else enough that this thread keeps to its share, at most
         MAX_REST_SECONDS (a pass of more CPU than that allows, when many tenants are behind at

@@ -487,7 +487,7 @@ class Command(BaseCommand):
         """One worker resumes runs while its notifications pool catches up on the pages' events
         (300,000 by default, over 20 tenants, none yet fanned out), as after a worker was down:
         first with the pool unpaced (--notifications-share 1), then as deployed. Resumes a
-        second, and the events the pool fanned out a second over the same span."""
+        second, and how far the backlog fell from the worker's start to the last run's end."""
         result: dict[str, Any] = {}
         for key, share in (("unpaced", "1"), ("paced", None)):
             chunk = groups[f"backlog_{key}"]

@@ -34,6 +34,38 @@ def _escalations(tenant, count: int) -> None:
             audit.append(tenant_id=tenant.pk, action="ticket.escalated", actor_name="policy")
 
 
+class _Stop(threading.Event):
+    """The pool's stop event, keeping each rest the pool takes instead of sleeping it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rests: list[float] = []
+
+    def wait(self, timeout=None) -> bool:
+        self.rests.append(round(timeout, 6))
+        return False
+
+
+def _run_passes(monkeypatch, pool, passes) -> tuple[list[float], int]:
+    """Run the pool's loop over the given passes (each busy or not, or a function saying so),
+    then one that stops it: the rests it took, and how many times it waited as when idle."""
+    answers = iter(passes)
+    pool.stop = _Stop()
+    waits = []
+
+    def step():
+        answer = next(answers, None)
+        if answer is None:
+            pool.stop.set()
+            return False
+        return answer() if callable(answer) else answer
+
+    monkeypatch.setattr(pool, "step", step)
+    monkeypatch.setattr(pool, "wait", lambda: waits.append(True))
+    pool.run()
+    return pool.stop.rests, len(waits)
+
+
 @pytest.fixture
 def tenant():
     tenant = TenantFactory(slug="acme")
@@ -77,23 +109,10 @@ def test_a_pass_that_found_a_backlog_is_followed_by_the_next_at_once(tenant, mon
 
 
 def test_the_pool_waits_only_after_a_pass_that_was_not_busy(monkeypatch):
-    pool = _pool()
-    passes = iter([True, False, True, True, False])
-    waits = []
+    rests, waits = _run_passes(monkeypatch, _pool(), [True, False, True, True, False])
 
-    def step():
-        busy = next(passes, None)
-        if busy is None:
-            pool.stop.set()
-            return True
-        return busy
-
-    monkeypatch.setattr(pool, "step", step)
-    monkeypatch.setattr(pool, "wait", lambda: waits.append(True))
-
-    pool.run()
-
-    assert len(waits) == 2
+    # The two idle passes and the one that stops it; no resume pool, so no rest.
+    assert (rests, waits) == ([], 3)
 
 
 # --- the resume pool ------------------------------------------------------------------------
@@ -345,31 +364,12 @@ def test_the_pool_rests_after_each_busy_pass_while_resumes_go_on(monkeypatch):
     # The thread's CPU clock, read before each pass and after each busy one.
     cpu = iter([0.0, 0.1, 0.1, 0.1, 0.3, 0.3])
     pool.cpu_clock = lambda: next(cpu)
-    passes = iter([True, False, True])
-    rests, waits = [], []
 
-    def step():
-        busy = next(passes, None)
-        if busy is None:
-            pool.stop.set()
-            return False
-        return busy
-
-    class Stop(threading.Event):
-        def wait(self, timeout=None):
-            rests.append(round(timeout, 6))
-            return False
-
-    pool.stop = Stop()
-    monkeypatch.setattr(pool, "step", step)
-    monkeypatch.setattr(pool, "wait", lambda: waits.append(True))
-
-    pool.run()
+    rests, waits = _run_passes(monkeypatch, pool, [True, False, True])
 
     # The two busy passes took 0.1 and 0.2 s of CPU: rests of 0.3 and 0.6 s; the idle pass and
     # the last one wait as idle passes do.
-    assert rests == [0.3, 0.6]
-    assert len(waits) == 2
+    assert (rests, waits) == ([0.3, 0.6], 2)
 
 
 def test_the_pool_goes_on_when_the_resume_pool_attaches_its_clock_during_a_pass(monkeypatch):
@@ -378,25 +378,12 @@ def test_the_pool_goes_on_when_the_resume_pool_attaches_its_clock_during_a_pass(
     pool = _paced_pool(activity)
     cpu = iter([0.0, 0.1, 0.1])
     pool.cpu_clock = lambda: next(cpu)
-    rests = []
 
-    def step():
-        if activity.thread_cpu is None:
-            activity.thread_cpu = lambda: 3.0  # the resume pool starts mid-pass
-            return True
-        pool.stop.set()
-        return False
+    def resume_pool_starts():
+        activity.thread_cpu = lambda: 3.0
+        return True
 
-    class Stop(threading.Event):
-        def wait(self, timeout=None):
-            rests.append(round(timeout, 6))
-            return False
-
-    pool.stop = Stop()
-    monkeypatch.setattr(pool, "step", step)
-    monkeypatch.setattr(pool, "wait", lambda: None)
-
-    pool.run()
+    rests, _ = _run_passes(monkeypatch, pool, [resume_pool_starts])
 
     # Its CPU over the pass is not known: the task alone says, as where it cannot be read.
     assert rests == [0.3]
@@ -409,26 +396,8 @@ def test_the_pool_does_not_rest_beside_resumes_that_only_wait(monkeypatch):
     pool = _paced_pool(activity)
     cpu = iter([0.0, 0.1, 0.1, 0.3, 0.3])
     pool.cpu_clock = lambda: next(cpu)
-    passes = iter([True, True])
-    rests = []
 
-    def step():
-        busy = next(passes, None)
-        if busy is None:
-            pool.stop.set()
-            return False
-        return busy
-
-    class Stop(threading.Event):
-        def wait(self, timeout=None):
-            rests.append(timeout)
-            return False
-
-    pool.stop = Stop()
-    monkeypatch.setattr(pool, "step", step)
-    monkeypatch.setattr(pool, "wait", lambda: None)
-
-    pool.run()
+    rests, _ = _run_passes(monkeypatch, pool, [True, True])
 
     assert rests == []
 

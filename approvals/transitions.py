@@ -7,7 +7,8 @@ win: the caller learns from the count it gets back. The callers add their own co
 lease a worker holds, a ticket's expiry) and write the audit event and live hint that go with
 the move, in the same transaction.
 
-    run:    (created starting: create_run)
+    run:    (created starting: create_run; handed over already paused, created paused with its
+            state: born_paused)
             starting (started over the API, claimed by a worker) -> paused | completed | failed
                                                                      | needs attention
             starting -> starting (claimed; a lapsed lease cleared by the reaper or claimed again)
@@ -246,13 +247,47 @@ def decide_ticket(
 
 
 def create_run(**fields) -> Run:
-    """A new run, as every run is born: starting. One handed over already paused (pause_run, a
-    caller's submission) moves on to paused in the same transaction, as a started run does.
+    """A new run, as every run the console starts is born: starting. One handed over already
+    paused (pause_run, a caller's submission) moves on to paused in the same transaction, as a
+    started run does, where born_paused() cannot write it paused at once (SQLite).
     Its INSERT is written once per shape (core.statements.bulk_create): no model signals."""
     (run,) = statements.bulk_create(
         "transitions.create_run", [Run(status=RunStatus.STARTING, **fields)]
     )
     return run
+
+
+# The run table's sequence, by database alias: read once per process.
+_run_sequences: dict[str, str] = {}
+
+
+def reserve_run_id(using: str) -> int:
+    """The id of a run about to be born paused (born_paused), read from the run table's own
+    sequence on PostgreSQL: its state is sealed to its id before its row is written."""
+    connection = connections[using]
+    with connection.cursor() as cursor:
+        sequence = _run_sequences.get(using)
+        if sequence is None:
+            cursor.execute(
+                "SELECT pg_get_serial_sequence(%s, %s)",
+                [connection.ops.quote_name(Run._meta.db_table), Run._meta.pk.column],
+            )
+            (sequence,) = cursor.fetchone()
+            _run_sequences[using] = sequence
+        cursor.execute("SELECT nextval(%s::regclass)", [sequence])
+        (pk,) = cursor.fetchone()
+    return pk
+
+
+def born_paused(run: Run, *, using: str) -> tuple[str, tuple]:
+    """The INSERT of a run handed over already paused with its state sealed (its id from
+    reserve_run_id), unsent: for audit.changes.update_holding_head, which sends it with the
+    lock of its tenant's audit head. The row is written once, paused, where create_run() and a
+    move would write it twice. Written once per shape (core.statements.insert): no model
+    signals. Raises TransitionError for a run that is not paused or has no id."""
+    if run.status != RunStatus.PAUSED or run.pk is None:
+        raise TransitionError("only a paused run with a reserved id is born paused")
+    return statements.insert("transitions.born_paused", run, using=using)
 
 
 def supersede_pending(run: Run) -> int:

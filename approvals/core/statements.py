@@ -332,9 +332,36 @@ def bulk_create(key: Hashable, objs: Sequence[Model]) -> list[Model]:
     if len(objs) > 1 or connections[using].vendor != "postgresql" or objs[0]._is_pk_set():
         return manager.db_manager(using).bulk_create(objs)
     (obj,) = objs
+    opts = model._meta
+    written, params = _insert(("bulk_create", key), obj, using=using, returning=True)
+    with connections[using].cursor() as cursor:
+        cursor.execute(written, params)
+        row = cursor.fetchone()
+    for result, field in zip(row, opts.db_returning_fields, strict=True):
+        setattr(obj, field.attname, result)
+    obj._state.adding = False
+    obj._state.db = using
+    return objs
+
+
+def insert(key: Hashable, obj: Model, *, using: str) -> tuple[str, tuple[Any, ...]]:
+    """The INSERT of one new object with its pk already set, without RETURNING, written once
+    per key and shape as bulk_create's is: for a caller that sends it inside a statement of its
+    own (audit.changes.update_holding_head). Nothing is sent here."""
+    if not obj._is_pk_set():
+        raise ValueError(f"statement {key!r}: the {type(obj).__name__} has no pk to insert")
+    return _insert(("insert", key), obj, using=using, returning=False)
+
+
+def _insert(key: Hashable, obj: Model, *, using: str, returning: bool):
+    model = type(obj)
     obj._prepare_related_fields_for_save(operation_name="bulk_create")
     opts = model._meta
-    fields = [f for f in opts.concrete_fields if not f.generated and not isinstance(f, AutoField)]
+    fields = [
+        f
+        for f in opts.concrete_fields
+        if not f.generated and (not isinstance(f, AutoField) or not returning)
+    ]
     values: dict[str, Any] = {}
     shape: list[tuple[str, Any]] = []
     for field in fields:
@@ -350,19 +377,12 @@ def bulk_create(key: Hashable, objs: Sequence[Model]) -> list[Model]:
         query = sql.InsertQuery(model)
         query.insert_values(fields, [model(**dict(shape), **given)])
         compiler = query.get_compiler(using=using)
-        compiler.returning_fields = opts.db_returning_fields
+        if returning:
+            compiler.returning_fields = opts.db_returning_fields
         ((written, params),) = compiler.as_sql()
         return written, params
 
-    written, params = statement(("bulk_create", key, model, tuple(shape)), build, values)
-    with connections[using].cursor() as cursor:
-        cursor.execute(written, params)
-        row = cursor.fetchone()
-    for result, field in zip(row, opts.db_returning_fields, strict=True):
-        setattr(obj, field.attname, result)
-    obj._state.adding = False
-    obj._state.db = using
-    return objs
+    return statement((*key, model, tuple(shape)), build, values)
 
 
 def returning(model: type[Model], *, using: str) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db import connections
+from django.db import connections, router
 from django.utils import timezone
 
 from approvals import signals, transitions
@@ -101,40 +101,61 @@ def store_pause(
     detail: dict | None = None,
 ) -> tuple[Run, list[Ticket]]:
     """A paused run handed over whole, whoever holds the agent (pause_run, and runs.remote for
-    a caller's run): the Run row, then store_first_pause (its state sealed as generation 1,
-    audit event run.paused with detail merged in, one ticket per call, signals.run_paused after
-    commit). One transaction; the state must already be checked. Returns the run and its
-    tickets as store_first_pause returns them.
+    a caller's run): the Run row with its state sealed as generation 1, audit event run.paused
+    with detail merged in, one ticket per call, signals.run_paused after commit. On PostgreSQL
+    the row is born paused (transitions.born_paused: its id read ahead, one INSERT); elsewhere
+    it is created starting and moved by store_first_pause. One transaction; the state must
+    already be checked. Returns the run and its tickets as store_first_pause returns them.
     """
     now = timezone.now()
+    fields = {
+        "tenant": tenant,
+        "agent_key": agent_key,
+        "agent_version": agent_version,
+        "title": title,
+        "requested_by": requested_by,
+        "session_backend": session.backend,
+        "session_id": session.session_id,
+        "session_location": session.location,
+        "executor": executor,
+        "created_at": now,
+        "updated_at": now,
+    }
+    schema_version = str(state_json.get("$schemaVersion", ""))
+    using = router.db_for_write(Run)
     with chain.atomic():
-        # Created starting, then moved to paused by the one function that stores a run's first
-        # pause, as a run the worker started is (nobody sees the row before the commit).
-        run = transitions.create_run(
-            tenant=tenant,
-            agent_key=agent_key,
-            agent_version=agent_version,
-            schema_version=str(state_json.get("$schemaVersion", "")),
-            title=title,
-            requested_by=requested_by,
-            state_key_id="",
-            state_nonce=b"",
-            state_ciphertext=b"",
-            session_backend=session.backend,
-            session_id=session.session_id,
-            session_location=session.location,
-            executor=executor,
-            created_at=now,
-            updated_at=now,
-        )
-        opened = store_first_pause(
-            run,
-            state_json=state_json,
-            payload=payload,
-            calls=calls,
-            requested_by=requested_by,
-            detail=detail,
-        )
+        if connections[using].vendor == "postgresql":
+            # Born paused: its id read ahead, its state sealed to it, one INSERT that also takes
+            # the tenant's audit head (the head the events below link to).
+            run = Run(
+                pk=transitions.reserve_run_id(using),
+                status=RunStatus.PAUSED,
+                schema_version=schema_version,
+                **fields,
+            )
+            state.seal_state(run, payload, generation=1)
+            sql, params = transitions.born_paused(run, using=using)
+            changes.update_holding_head(sql, params, returning="1", using=using)
+            run._state.adding, run._state.db = False, using
+            opened = _first_paused(run, schema_version, calls, requested_by, "", detail, now)
+        else:
+            # Created starting, then moved to paused by the one function that stores a run's
+            # first pause, as a run the worker started is (nobody sees the row before the commit).
+            run = transitions.create_run(
+                schema_version=schema_version,
+                state_key_id="",
+                state_nonce=b"",
+                state_ciphertext=b"",
+                **fields,
+            )
+            opened = store_first_pause(
+                run,
+                state_json=state_json,
+                payload=payload,
+                calls=calls,
+                requested_by=requested_by,
+                detail=detail,
+            )
     if opened is None:
         # A row nobody else sees before the commit is held as it was created.
         raise RuntimeError(f"run {run.pk}, created in this transaction, was not held as created")
@@ -184,6 +205,20 @@ def store_first_pause(
     # What the move wrote, without reading it back.
     run.status, run.status_reason, run.schema_version = RunStatus.PAUSED, "", schema_version
     run.lease_owner, run.lease_expires_at, run.updated_at = "", None, now
+    return _first_paused(run, schema_version, calls, requested_by, actor_name, detail, now)
+
+
+def _first_paused(
+    run: Run,
+    schema_version: str,
+    calls: list[PendingCall],
+    requested_by,
+    actor_name: str,
+    detail: dict | None,
+    now,
+) -> list[Ticket]:
+    """What follows a run's first pause, however its row was written (moved to paused, or born
+    paused): audit event run.paused, its tickets, signals.run_paused after commit."""
     chain.append(
         tenant_id=run.tenant_id,
         action="run.paused",

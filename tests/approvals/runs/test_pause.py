@@ -13,8 +13,11 @@ from agents.memory import SQLiteSession
 from agents.run_state import CURRENT_SCHEMA_VERSION
 from django.conf import settings
 
-from approvals.core import crypto
+from approvals import transitions
+from approvals.audit.chain import verify_chain
+from approvals.core import crypto, statements
 from approvals.core.canonical import arguments_digest
+from approvals.decisions import tickets
 from approvals.execution import registry
 from approvals.execution.sessions import UnsupportedSessionError
 from approvals.execution.state import (
@@ -23,7 +26,7 @@ from approvals.execution.state import (
     SecretInContextError,
     open_state,
 )
-from approvals.models import AuditEvent, Run, RunStatus, Ticket, TicketStatus
+from approvals.models import AuditEvent, Role, Run, RunStatus, Tenant, Ticket, TicketStatus
 from approvals.runs.pause import pause_run
 from devtools import demo
 from tests.support import TenantFactory, member, paused_run, run_agent, two_call_agent
@@ -125,6 +128,71 @@ def test_pause_run_encrypts_the_state_under_the_primary_key():
     state = open_state(run)
     assert state["$schemaVersion"] == CURRENT_SCHEMA_VERSION
     assert state["original_input"] == "Deploy release 2026.07.24 to production"
+
+
+def test_pause_run_stores_the_row_as_a_move_to_paused_left_it():
+    tenant = TenantFactory()
+    requester = member(tenant, Role.VIEWER, "req")
+    result = run_agent("release", PROMPT)
+
+    first = pause(result, tenant, requested_by=requester)
+    second = pause(result, tenant, requested_by=requester)
+    # One the worker starts is created starting, from the same sequence.
+    started = transitions.create_run(
+        tenant=tenant, agent_key="release", agent_version="1", title="later"
+    )
+
+    assert first.pk < second.pk < started.pk
+    stored = Run.objects.get(pk=second.pk)
+    for field in Run._meta.concrete_fields:
+        value, expected = getattr(second, field.attname), getattr(stored, field.attname)
+        if isinstance(expected, memoryview):
+            value, expected = bytes(value), bytes(expected)
+        assert value == expected, field.name
+    assert (stored.status, stored.status_reason) == (RunStatus.PAUSED, "")
+    assert (stored.lease_owner, stored.lease_expires_at, stored.attempts) == ("", None, 0)
+    assert stored.state_generation == 1
+    assert stored.schema_version == CURRENT_SCHEMA_VERSION
+    # Sealed to its own id: it opens as this run's, and as no other's.
+    assert open_state(stored)["original_input"] == PROMPT
+    stored.pk = first.pk
+    with pytest.raises(crypto.CryptoError):
+        open_state(stored)
+    assert verify_chain(tenant).ok
+
+
+def test_pause_run_that_fails_after_its_id_was_read_writes_nothing(monkeypatch):
+    tenant = TenantFactory()
+    result = run_agent("release", PROMPT)
+    before = list(Tenant.objects.filter(pk=tenant.pk).values_list("audit_seq", "audit_head"))
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the tickets cannot be opened")
+
+    monkeypatch.setattr(tickets, "open_tickets", broken)
+    with pytest.raises(RuntimeError, match="cannot be opened"):
+        pause(result, tenant)
+
+    assert_nothing_written()
+    assert list(Tenant.objects.filter(pk=tenant.pk).values_list("audit_seq", "audit_head")) == (
+        before
+    )
+    monkeypatch.undo()
+    run = pause(result, tenant)
+    assert Ticket.objects.filter(run=run).count() == len(result.interruptions) == 1
+    assert verify_chain(tenant).ok
+
+
+def test_only_a_paused_run_with_an_id_is_born_paused():
+    tenant = TenantFactory()
+    with pytest.raises(transitions.TransitionError):
+        transitions.born_paused(
+            Run(tenant=tenant, status=RunStatus.STARTING, pk=7), using="default"
+        )
+    with pytest.raises(transitions.TransitionError):
+        transitions.born_paused(Run(tenant=tenant, status=RunStatus.PAUSED), using="default")
+    with pytest.raises(ValueError, match="no pk"):
+        statements.insert("test", Run(tenant=tenant, status=RunStatus.PAUSED), using="default")
 
 
 def test_pause_run_records_a_file_sqlite_session(tmp_path):

@@ -62,12 +62,22 @@ def test_statements_of_a_pause():
     with queries.counting() as counts:
         _pause(result, tenant, requester)
 
-    # The run (created, then sealed and paused: on PostgreSQL the move takes the tenant's
-    # audit-head lock too), the policy, the ticket, then the run's audit event and the ticket's
-    # (on PostgreSQL both in one statement with their head as the transaction ends; on SQLite
-    # each append is three statements).
+    # The run: on PostgreSQL its id read ahead, then its row born paused with its sealed state
+    # in one INSERT that takes the tenant's audit-head lock too; on SQLite created, then sealed
+    # and moved to paused. Then the policy, the ticket, then the run's audit event and the
+    # ticket's (on PostgreSQL both in one statement with their head as the transaction ends; on
+    # SQLite each append is three statements).
     expected = {"postgresql": 5, "sqlite": 11}[connection.vendor]
     assert counts["main"] + counts["other"] == expected, counts.log
+    run_writes = [
+        sql
+        for _, sql in counts.log
+        if '"approvals_run"' in sql.split("RETURNING")[0] or "nextval" in sql
+    ]
+    if connection.vendor == "postgresql":
+        # Written once: no UPDATE of the row it has just inserted.
+        assert [sql.split(" ", 1)[0] for sql in run_writes] == ["SELECT", "WITH"], run_writes
+        assert "nextval" in run_writes[0] and "INSERT INTO" in run_writes[1], run_writes
 
 
 def test_a_pause_of_two_calls_costs_what_a_pause_of_one_costs():

@@ -3,6 +3,9 @@ from __future__ import annotations
 from datetime import datetime
 
 from django import template
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+from django.urls import NoReverseMatch, get_script_prefix, get_urlconf, reverse
 from django.utils import timezone
 from django.utils.html import escape, format_html
 from django.utils.safestring import SafeString, mark_safe
@@ -41,6 +44,38 @@ def expiry(expires_at: datetime, now: datetime) -> str:
         expires_at.isoformat(),
         _span(seconds),
     )
+
+
+# A list's rows link to each row's page: `{% url %}` resolves the pattern, the script prefix and
+# the IRI quoting on every call (about 27 µs), hundreds of times a page. row_url reverses a view
+# name once per script prefix and URL configuration, with an id no row has, and puts each row's
+# id where that id stood.
+_ROW_MARK = str(2**53 + 1)
+_row_paths: dict[tuple[str, str, str | None], tuple[str, str] | None] = {}
+
+
+@receiver(setting_changed)
+def _forget_row_paths(*, setting: str, **kwargs) -> None:
+    if setting == "ROOT_URLCONF":
+        _row_paths.clear()
+
+
+@register.simple_tag
+def row_url(view_name: str, pk) -> str:
+    """The path of view_name for the id pk, as {% url view_name pk %} gives it."""
+    if type(pk) is not int or pk < 0:
+        return reverse(view_name, args=[pk])
+    key = (view_name, get_script_prefix(), get_urlconf())
+    if key not in _row_paths:
+        try:
+            parts = reverse(view_name, args=[int(_ROW_MARK)]).split(_ROW_MARK)
+        except NoReverseMatch:
+            parts = []
+        _row_paths[key] = (parts[0], parts[1]) if len(parts) == 2 else None
+    around = _row_paths[key]
+    if around is None:
+        return reverse(view_name, args=[pk])
+    return f"{around[0]}{pk}{around[1]}"
 
 
 @register.simple_tag

@@ -196,6 +196,18 @@ def _console_rows(r: dict[str, Any]) -> list[tuple]:
                 ok(u["duplicates"] + p["duplicates"] + u["lost"] + p["lost"] == 0),
             )
         )
+    if "resume_cpu" in r:
+        c = r["resume_cpu"]
+        rows.append(
+            (
+                "host CPU per resume, 2 workers (ms): workers / PostgreSQL / rest",
+                f"{c['host_busy_ms']}: {c['workers_ms']} / {c['postgres_ms']} / {c['other_ms']} "
+                f"({c['per_s']}/s, cores {int(c['busy_share'] * 100)} % busy, ceiling "
+                f"{c['ceiling_per_s']}/s on {c['cores']}; dup {c['duplicates']}, lost {c['lost']})",
+                "none duplicated or lost",
+                ok(c["duplicates"] + c["lost"] == 0),
+            )
+        )
     d = r["worker_death"]
     rows.append(
         (

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 from django.db import transaction
 
 from approvals.audit import chain as audit
 from approvals.models import Role, Run, RunExecutor, RunStatus
-from devtools.bench import api_submit, report, stats
+from devtools.bench import api_submit, cpu, report, stats
 from devtools.management.commands.bench import _events_behind
 from tests.notifications.conftest import caught_up
 from tests.support import TenantFactory, member
@@ -78,3 +80,45 @@ def test_the_backlog_part_counts_the_events_not_yet_fanned_out_over_every_tenant
     escalations(unseen, 4)
 
     assert _events_behind() == 3 + 4
+
+
+@pytest.mark.skipif(not cpu.available(), reason="reads /proc (Linux)")
+def test_the_cpu_split_counts_a_busy_process_as_a_worker():
+    # A child that spins for 0.4 s of its own CPU when told, says how much CPU it has taken in
+    # all, and stays until told to go (so that the split's second look finds it).
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import time, sys\n"
+            "sys.stdin.readline()\n"
+            "t = time.process_time()\n"
+            "while time.process_time() - t < 0.4: pass\n"
+            "print(time.process_time(), flush=True)\n"
+            "sys.stdin.readline()",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        cpu.wait_idle([child.pid], timeout=10)
+        before = cpu.process_seconds(child.pid)
+
+        def work() -> int:
+            child.stdin.write("go\n")
+            child.stdin.flush()
+            work.took = float(child.stdout.readline())
+            return 4
+
+        result = cpu.split(work, [child.pid])
+    finally:
+        child.communicate("bye\n", timeout=30)
+
+    assert result["resumes"] == 4 and result["cores"] >= 1
+    # Its CPU in the window, shared among 4 resumes, is in the workers' column, none elsewhere.
+    spun_ms = (work.took - before) * 1000 / 4
+    assert 0.4 * 1000 / 4 * 0.9 <= result["workers_ms"] <= spun_ms + 25
+    assert result["host_busy_ms"] >= result["workers_ms"]
+    assert 0 < result["busy_share"] <= 1
+    assert result["ceiling_per_s"] == round(result["cores"] * 1000 / result["host_busy_ms"], 1)

@@ -26,7 +26,7 @@ from approvals.models import AuditEvent, Membership, Role, Run, RunStatus, Tenan
 from approvals.runs.pause import pause_run
 from approvals.runs.resume import resume
 from devtools import processes
-from devtools.bench import api_submit, database, pages, queries, sdk, silent, stats
+from devtools.bench import api_submit, cpu, database, pages, queries, sdk, silent, stats
 from devtools.bench import clones as cloning
 from devtools.bench import report as bench_report
 from devtools.bench.completions import Completions, phases
@@ -144,6 +144,7 @@ class Command(BaseCommand):
             "queries": 25,
             "backlog_unpaced": 400,
             "backlog_paced": 400,
+            "cpu": 400,
         }
         groups: dict[str, list[cloning.Clone]] = {}
         t0 = time.monotonic()
@@ -202,6 +203,10 @@ class Command(BaseCommand):
 
         # 3 + 6. resume throughput with 1, 2 and 4 workers; worker memory.
         report.update(self.throughput(procs, groups, approver))
+
+        # Where the host's CPU goes per resume, 2 workers.
+        if cpu.available():
+            report["resume_cpu"] = self.resume_cpu(procs, groups["cpu"], approver)
 
         # Deployment: two workers, one killed mid-stream.
         self.notified()
@@ -480,6 +485,37 @@ class Command(BaseCommand):
             "worker_rss_growth_pct": round(growth, 1),
             "worker_memory_statuses": cloning.statuses(all_ids),
         }
+
+    # --- where the CPU goes ---------------------------------------------------------------------
+
+    def resume_cpu(self, procs, chunk, approver) -> dict[str, Any]:
+        """2 workers, started and idle first, resume the chunk: the host's CPU time per resume,
+        split into the workers', PostgreSQL's and the rest's (devtools.bench.cpu), and how many
+        resumes a second the cores could carry at that cost."""
+        self.notified()
+        ids = [c.run_id for c in chunk]
+        workers = [
+            procs.start("worker", "worker", "--interval", "1", env=self.web_env()) for _ in range(2)
+        ]
+        cpu.wait_idle(p.pid for p in workers)
+
+        def work() -> int:
+            cloning.approve_in_bulk(chunk, approver)
+            cloning.wait_finished(ids, timeout=300, procs=workers)
+            return len(ids)
+
+        result = cpu.split(work, [p.pid for p in workers])
+        for proc in workers:
+            procs.stop(proc)
+        once = cloning.exactly_once(c.release for c in chunk)
+        result.update(
+            workers_n=2,
+            per_s=round(len(ids) / cloning.span_seconds(ids), 1),
+            statuses=cloning.statuses(ids),
+            **once,
+        )
+        self.say(f"CPU per resume, 2 workers: {result}")
+        return result
 
     # --- resumes beside a fan-out backlog ------------------------------------------------------
 

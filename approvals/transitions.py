@@ -1,5 +1,5 @@
 """The two state machines, runs and tickets: every status write goes through move_runs() or
-move_tickets().
+move_tickets(), and every new run through create_run() or born_paused().
 
 Each is one conditional UPDATE from the statuses that may move to the target, so a transition
 that is not in the table never happens, and two writers racing for the same row cannot both
@@ -7,8 +7,8 @@ win: the caller learns from the count it gets back. The callers add their own co
 lease a worker holds, a ticket's expiry) and write the audit event and live hint that go with
 the move, in the same transaction.
 
-    run:    (created starting: create_run; handed over already paused, created paused with its
-            state: born_paused)
+    run:    (created starting: create_run; on PostgreSQL one handed over already paused is
+            created paused with its sealed state: born_paused)
             starting (started over the API, claimed by a worker) -> paused | completed | failed
                                                                      | needs attention
             starting -> starting (claimed; a lapsed lease cleared by the reaper or claimed again)
@@ -273,6 +273,12 @@ def reserve_run_id(using: str) -> int:
                 [connection.ops.quote_name(Run._meta.db_table), Run._meta.pk.column],
             )
             (sequence,) = cursor.fetchone()
+            if sequence is None:
+                raise TransitionError(
+                    f"table {Run._meta.db_table}'s id has no sequence of its own (a restored "
+                    "database whose id default is not owned by its column?): no run can be born "
+                    "paused until `ALTER SEQUENCE ... OWNED BY` names it"
+                )
             _run_sequences[using] = sequence
         cursor.execute("SELECT nextval(%s::regclass)", [sequence])
         (pk,) = cursor.fetchone()

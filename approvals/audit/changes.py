@@ -1,7 +1,7 @@
-"""A change and the chain's head in one statement: an UPDATE (or a pair of them) that also locks
-its rows' tenant and reads its audit head, so the transaction's next event is one statement
-(audit.chain's guesses); or that also writes the events which record it, when the head is where
-this process last saw it. The chain itself (linking, appending, verifying) is audit.chain.
+"""A change and the chain's head in one statement: an UPDATE (or a pair of them, or an INSERT)
+that also locks its rows' tenant and reads its audit head, so the transaction's next event is one
+statement (audit.chain's guesses); or that also writes the events which record it, when the head
+is where this process last saw it. The chain itself (linking, appending, verifying) is audit.chain.
 """
 
 from __future__ import annotations
@@ -26,8 +26,9 @@ def update_holding_head(
     using: str = DEFAULT_DB_ALIAS,
     events: Sequence[AuditEvent] = (),
 ) -> list[tuple]:
-    """Run sql, an UPDATE (without RETURNING) of a table with a tenant_id column, and return
-    `returning` (SQL) of each row it changed.
+    """Run sql, an UPDATE (without RETURNING) of a table with a tenant_id column, or an INSERT
+    into one (transitions.born_paused), and return `returning` (SQL) of each row it changed or
+    inserted.
 
     On PostgreSQL the same statement also locks the changed rows' tenant row and reads its
     audit head, as append() would before its first event (a data-modifying CTE, whose SELECT

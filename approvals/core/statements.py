@@ -355,7 +355,7 @@ def insert(key: Hashable, obj: Model, *, using: str) -> tuple[str, tuple[Any, ..
 
 def _insert(key: Hashable, obj: Model, *, using: str, returning: bool):
     model = type(obj)
-    obj._prepare_related_fields_for_save(operation_name="bulk_create")
+    obj._prepare_related_fields_for_save(operation_name=key[0])
     opts = model._meta
     fields = [
         f

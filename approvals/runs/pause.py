@@ -1,8 +1,10 @@
 """Pausing: the agent's code hands over a paused run; the console stores it and opens its tickets.
 
-store_first_pause and store_next_pause are the one way a pause is stored, whoever holds the
-agent: pause_run, a run the worker started (runs.start) and the worker's resume for the
-console's runs, runs.remote for a caller's.
+Three functions store a pause, whoever holds the agent: store_pause a run handed over already
+paused (pause_run; runs.remote for a caller's), store_first_pause the first pause of a run the
+worker started (runs.start), and store_next_pause a run that paused again (the worker's resume;
+runs.remote's report for a caller's). A first pause's audit event, tickets and signal are
+written by one function either way (_first_paused).
 """
 
 from __future__ import annotations
@@ -135,7 +137,8 @@ def store_pause(
             )
             state.seal_state(run, payload, generation=1)
             sql, params = transitions.born_paused(run, using=using)
-            changes.update_holding_head(sql, params, returning="1", using=using)
+            if len(changes.update_holding_head(sql, params, returning="1", using=using)) != 1:
+                raise RuntimeError(f"run {run.pk} was not written paused")
             run._state.adding, run._state.db = False, using
             opened = _first_paused(run, schema_version, calls, requested_by, "", detail, now)
         else:
@@ -156,9 +159,11 @@ def store_pause(
                 requested_by=requested_by,
                 detail=detail,
             )
-    if opened is None:
-        # A row nobody else sees before the commit is held as it was created.
-        raise RuntimeError(f"run {run.pk}, created in this transaction, was not held as created")
+            if opened is None:
+                # A row nobody else sees before the commit is held as it was created.
+                raise RuntimeError(
+                    f"run {run.pk}, created in this transaction, was not held as created"
+                )
     return run, opened
 
 
@@ -172,8 +177,8 @@ def store_first_pause(
     actor_name: str = "",
     detail: dict | None = None,
 ) -> list[Ticket] | None:
-    """The one way a run's first pause is stored: a new row of pause_run or runs.remote
-    (store_pause), or a run the worker started (runs.start) that paused. The run is starting
+    """The first pause of a run that is starting: a run the worker started (runs.start) that
+    paused, or on SQLite a new row of pause_run or runs.remote (store_pause). The run is starting
     and held by whoever calls (a lease, or a row nobody else sees yet): its state sealed as
     generation 1, the run moved to paused (lease cleared), audit event run.paused (detail merged
     in), one ticket per call (decisions.tickets), and after commit signals.run_paused.

@@ -49,8 +49,10 @@ def expiry(expires_at: datetime, now: datetime) -> str:
 # A list's rows link to each row's page: `{% url %}` resolves the pattern, the script prefix and
 # the IRI quoting on every call (about 27 µs), hundreds of times a page. row_url reverses a view
 # name once per script prefix and URL configuration, with an id no row has, and puts each row's
-# id where that id stood.
+# id where that id stood. Like reverse() without current_app: the console's URLs are included
+# under one namespace only (config/urls.py).
 _ROW_MARK = str(2**53 + 1)
+_ROW_PATHS_KEPT = 256
 _row_paths: dict[tuple[str, str, str | None], tuple[str, str] | None] = {}
 
 
@@ -66,13 +68,17 @@ def row_url(view_name: str, pk) -> str:
     if type(pk) is not int or pk < 0:
         return reverse(view_name, args=[pk])
     key = (view_name, get_script_prefix(), get_urlconf())
-    if key not in _row_paths:
+    around = _row_paths.get(key, False)
+    if around is False:
         try:
             parts = reverse(view_name, args=[int(_ROW_MARK)]).split(_ROW_MARK)
         except NoReverseMatch:
             parts = []
-        _row_paths[key] = (parts[0], parts[1]) if len(parts) == 2 else None
-    around = _row_paths[key]
+        around = (parts[0], parts[1]) if len(parts) == 2 else None
+        if len(_row_paths) >= _ROW_PATHS_KEPT:
+            # Script prefixes come from the server's SCRIPT_NAME: a handful, never a flood.
+            _row_paths.clear()
+        _row_paths[key] = around
     if around is None:
         return reverse(view_name, args=[pk])
     return f"{around[0]}{pk}{around[1]}"

@@ -32,9 +32,10 @@ def process_seconds(pid: int) -> float:
 
 
 def host_seconds() -> tuple[float, float]:
-    """The CPU time of every core since boot: (all, idle and waiting on I/O)."""
-    values = [int(v) for v in (PROC / "stat").read_text().splitlines()[0].split()[1:]]
-    return sum(values) / _ticks(), (values[3] + values[4]) / _ticks()
+    """The CPU time of every core since boot: (all, not this host's work: idle, waiting on I/O,
+    and stolen by the hypervisor). The guests' time is already in user and nice."""
+    values = [int(v) for v in (PROC / "stat").read_text().splitlines()[0].split()[1:9]]
+    return sum(values) / _ticks(), (values[3] + values[4] + values[7]) / _ticks()
 
 
 def snapshot() -> dict[int, tuple[str, float]]:
@@ -67,20 +68,25 @@ def wait_idle(pids: Iterable[int], *, quiet: float = 0.02, timeout: float = 60) 
 def split(work: Callable[[], int], workers: Iterable[int]) -> dict[str, Any]:
     """Run work() (which returns how many resumes it waited for) and say where the host's CPU
     went meanwhile, per resume: the workers (their processes, every thread), PostgreSQL (every
-    process named postgres: the backends the workers use, the server's own), and the rest (this
-    process's looks included). busy_share: how much of all the cores' time was taken."""
+    process named postgres that lived to the end: the backends the workers use, the server's
+    own), and the rest of the host's busy time (every other process, this one's own work in the
+    window included, those that ended in it, the kernel's). busy_share: how much of all the
+    cores' time was taken. Raises ValueError when work() waited for no resume."""
     workers = set(workers)
     before, (all_before, idle_before) = snapshot(), host_seconds()
     started = time.monotonic()
     resumes = work()
+    if resumes <= 0:
+        raise ValueError("no resume to share the CPU time among")
     seconds = time.monotonic() - started
     after, (all_after, idle_after) = snapshot(), host_seconds()
-    spent = {"workers": 0.0, "postgres": 0.0, "other": 0.0}
+    spent = {"workers": 0.0, "postgres": 0.0}
     for pid, (name, cpu) in after.items():
-        delta = cpu - before.get(pid, (name, 0.0))[1]
-        key = "workers" if pid in workers else "postgres" if name == "postgres" else "other"
-        spent[key] += max(delta, 0.0)
+        key = "workers" if pid in workers else "postgres" if name == "postgres" else None
+        if key is not None:
+            spent[key] += max(cpu - before.get(pid, (name, 0.0))[1], 0.0)
     busy = (all_after - all_before) - (idle_after - idle_before)
+    spent["other"] = max(busy - spent["workers"] - spent["postgres"], 0.0)
     cores = os.cpu_count() or 1
     per = 1000 / resumes
     return {

@@ -120,5 +120,11 @@ def test_the_cpu_split_counts_a_busy_process_as_a_worker():
     spun_ms = (work.took - before) * 1000 / 4
     assert 0.4 * 1000 / 4 * 0.9 <= result["workers_ms"] <= spun_ms + 25
     assert result["host_busy_ms"] >= result["workers_ms"]
+    assert result["other_ms"] == pytest.approx(
+        result["host_busy_ms"] - result["workers_ms"] - result["postgres_ms"], abs=0.02
+    )
     assert 0 < result["busy_share"] <= 1
-    assert result["ceiling_per_s"] == round(result["cores"] * 1000 / result["host_busy_ms"], 1)
+    ceiling = result["cores"] * 1000 / result["host_busy_ms"]
+    assert result["ceiling_per_s"] == pytest.approx(ceiling, abs=0.2)
+    with pytest.raises(ValueError, match="no resume"):
+        cpu.split(lambda: 0, [child.pid])

@@ -491,22 +491,25 @@ class Command(BaseCommand):
     def resume_cpu(self, procs, chunk, approver) -> dict[str, Any]:
         """2 workers, started and idle first, resume the chunk: the host's CPU time per resume,
         split into the workers', PostgreSQL's and the rest's (devtools.bench.cpu), and how many
-        resumes a second the cores could carry at that cost."""
+        resumes a second the cores could carry at that cost. The window holds the runs' approval
+        (one bulk transaction of this process) and its looks every half second too."""
         self.notified()
         ids = [c.run_id for c in chunk]
         workers = [
             procs.start("worker", "worker", "--interval", "1", env=self.web_env()) for _ in range(2)
         ]
-        cpu.wait_idle(p.pid for p in workers)
 
         def work() -> int:
             cloning.approve_in_bulk(chunk, approver)
             cloning.wait_finished(ids, timeout=300, procs=workers)
             return len(ids)
 
-        result = cpu.split(work, [p.pid for p in workers])
-        for proc in workers:
-            procs.stop(proc)
+        try:
+            cpu.wait_idle(p.pid for p in workers)
+            result = cpu.split(work, [p.pid for p in workers])
+        finally:
+            for proc in workers:
+                procs.stop(proc)
         once = cloning.exactly_once(c.release for c in chunk)
         result.update(
             workers_n=2,

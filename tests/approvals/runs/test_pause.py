@@ -130,7 +130,7 @@ def test_pause_run_encrypts_the_state_under_the_primary_key():
     assert state["original_input"] == "Deploy release 2026.07.24 to production"
 
 
-def test_pause_run_stores_the_row_as_a_move_to_paused_left_it():
+def test_pause_run_returns_the_row_it_stored_paused_and_sealed_to_its_own_id():
     tenant = TenantFactory()
     requester = member(tenant, Role.VIEWER, "req")
     result = run_agent("release", PROMPT)
@@ -152,6 +152,7 @@ def test_pause_run_stores_the_row_as_a_move_to_paused_left_it():
     assert (stored.status, stored.status_reason) == (RunStatus.PAUSED, "")
     assert (stored.lease_owner, stored.lease_expires_at, stored.attempts) == ("", None, 0)
     assert stored.state_generation == 1
+    assert stored.updated_at >= stored.created_at
     assert stored.schema_version == CURRENT_SCHEMA_VERSION
     # Sealed to its own id: it opens as this run's, and as no other's.
     assert open_state(stored)["original_input"] == PROMPT

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from django.template import Context, Template
 from django.test import override_settings
-from django.urls import NoReverseMatch, clear_script_prefix, set_script_prefix
+from django.urls import NoReverseMatch, clear_script_prefix, set_script_prefix, set_urlconf
 
 from approvals.templatetags import approvals as tags
 
@@ -46,6 +46,14 @@ def test_a_row_url_follows_the_url_configuration():
     with override_settings(ROOT_URLCONF="tests.approvals.views.prefixed_urls"):
         fast, reversed_ = _both("approvals:ticket", 5)
         assert fast == reversed_ == "/under/tickets/5/"
+    assert _both("approvals:ticket", 5)[0] == "/tickets/5/"
+    # A request's own URL configuration (request.urlconf), as the handler sets it.
+    set_urlconf("tests.approvals.views.prefixed_urls")
+    try:
+        fast, reversed_ = _both("approvals:ticket", 5)
+    finally:
+        set_urlconf(None)
+    assert fast == reversed_ == "/under/tickets/5/"
     assert _both("approvals:ticket", 5)[0] == "/tickets/5/"
 
 

@@ -91,6 +91,29 @@
     event.detail.shouldSwap = false;
     showStale(elt);
   });
+  // Nor between a press and its release: the pressed link would be swapped for its new copy
+  // under the pointer and the click lost (a row clicked just as the page's socket opens). The
+  // re-read waits for the release, then reads again.
+  let pressed = false;
+  let heldBack = new Set();
+  document.addEventListener("pointerdown", () => { pressed = true; }, true);
+  function released() {
+    pressed = false;
+    const names = heldBack;
+    heldBack = new Set();
+    names.forEach((name) => setTimeout(() => body.dispatchEvent(new CustomEvent(name)), 0));
+  }
+  document.addEventListener("pointerup", released, true);
+  document.addEventListener("pointercancel", released, true);
+  window.addEventListener("blur", released);
+  body.addEventListener("htmx:beforeSwap", (event) => {
+    const config = event.detail.requestConfig;
+    const trigger = config && config.triggeringEvent;
+    const live = trigger && (trigger.type === "console:changed" || trigger.type === "console:deliveries");
+    if (!live || !pressed || !event.detail.shouldSwap) return;
+    event.detail.shouldSwap = false;
+    heldBack.add(trigger.type);
+  });
 
   // --- tenant switcher submits on change (a button is shown when scripts are off) ---
   document.querySelectorAll("select[data-autosubmit]").forEach((select) => {

@@ -259,6 +259,37 @@ def test_reject_with_a_message_shows_it_in_the_timeline(console_browser, live_co
     assert event.detail["message"] == DENIED
 
 
+def test_a_live_re_read_waits_for_a_press_to_be_released(console_browser, live_console):
+    """A row pressed while the queue's live re-read answers keeps its link until the release:
+    the click opens the ticket (were the rows swapped between press and release, the click
+    would be lost), and the queue is re-read after."""
+    tenant, requester, approver = _people()
+    ticket = _ticket(paused_run(tenant, requested_by=requester, prompt=PROMPT))
+
+    with console_browser() as browser:
+        page = new_page(browser, live_console)
+        _sign_in(page, approver.username)
+        _wait_live(page)
+        page.evaluate(
+            """() => {
+              document.getElementById("queue-rows").__drawn = true;
+              document.body.addEventListener("htmx:beforeSwap", () => { window.__asked = true; });
+            }"""
+        )
+        box = page.locator(f"#ticket-row-{ticket.pk} a.row-link").bounding_box()
+        page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+        page.mouse.down()
+        page.evaluate("document.body.dispatchEvent(new CustomEvent('console:changed'))")
+        # The page's CSP refuses wait_for_function's eval: look, letting the page run between.
+        deadline = time.monotonic() + TIMEOUT_MS / 1000
+        while not page.evaluate("window.__asked === true") and time.monotonic() < deadline:
+            page.wait_for_timeout(20)
+        assert page.evaluate("window.__asked === true"), "the re-read never answered"
+        assert page.evaluate("document.getElementById('queue-rows').__drawn === true")
+        page.mouse.up()
+        expect(page).to_have_url(re.compile(rf"/tickets/{ticket.pk}/$"))
+
+
 def test_a_change_between_render_and_socket_open_still_reaches_the_page(
     console_browser, live_server_only
 ):

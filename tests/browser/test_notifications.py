@@ -48,11 +48,14 @@ def _in_thread(work):
 
 
 def _fail_a_run(tenant) -> Delivery:
-    # The worker's notifications pool fans the committed event out: one delivery for the
-    # webhook.
+    # The notifications pool's fan-out of the event: one delivery for the webhook. In the same
+    # transaction as the event here, so that the page hears of the change only once the row it
+    # must show exists: with the in-memory layer (no Redis) the web process learns of changes by
+    # tailing the audit log, and a pending delivery writes no event of its own, so a page that
+    # re-read between the event's commit and the fan-out's would wait for a hint that never came.
     with transaction.atomic():
         event = audit.append(tenant_id=tenant.pk, action="run.failed", actor_name="worker")
-    fan_out_committed()
+        fan_out_committed()
     return Delivery.objects.get(audit_event_id=event.pk)
 
 

@@ -94,11 +94,14 @@
   // Nor between a press and its release: the pressed link would be swapped for its new copy
   // under the pointer and the click lost (a row clicked just as the page's socket opens). The
   // re-read waits for the release, then reads again.
-  let pressed = false;
+  // A press held for more than HOLD_MS (or whose release the page never saw: a native select's
+  // popup takes it) holds nothing back.
+  const HOLD_MS = 2000;
+  let pressedAt = 0;
   let heldBack = new Set();
-  document.addEventListener("pointerdown", () => { pressed = true; }, true);
+  document.addEventListener("pointerdown", () => { pressedAt = Date.now(); }, true);
   function released() {
-    pressed = false;
+    pressedAt = 0;
     const names = heldBack;
     heldBack = new Set();
     names.forEach((name) => setTimeout(() => body.dispatchEvent(new CustomEvent(name)), 0));
@@ -110,6 +113,7 @@
     const config = event.detail.requestConfig;
     const trigger = config && config.triggeringEvent;
     const live = trigger && (trigger.type === "console:changed" || trigger.type === "console:deliveries");
+    const pressed = pressedAt && Date.now() - pressedAt < HOLD_MS;
     if (!live || !pressed || !event.detail.shouldSwap) return;
     event.detail.shouldSwap = false;
     heldBack.add(trigger.type);

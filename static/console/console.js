@@ -57,6 +57,33 @@
   });
   if (!window.htmx || !window.WebSocket) setLive("closed", "Reload to refresh");
 
+  // A press and its release: what a live re-read must not move in between. A press held for
+  // more than HOLD_MS (or whose release the page never saw: a native select's popup takes it)
+  // holds nothing back.
+  const HOLD_MS = 2000;
+  let pressedAt = 0;
+  let heldBack = new Set();
+  let staleHeld = new Set();
+  function pressing() {
+    return pressedAt !== 0 && Date.now() - pressedAt < HOLD_MS;
+  }
+  document.addEventListener("pointerdown", () => { pressedAt = Date.now(); }, true);
+  function released() {
+    pressedAt = 0;
+    const names = heldBack;
+    const notices = staleHeld;
+    heldBack = new Set();
+    staleHeld = new Set();
+    // After the click this release makes, which goes where the press was.
+    setTimeout(() => {
+      notices.forEach((elt) => { if (elt.isConnected) showStale(elt); });
+      names.forEach((name) => body.dispatchEvent(new CustomEvent(name)));
+    }, 0);
+  }
+  document.addEventListener("pointerup", released, true);
+  document.addEventListener("pointercancel", released, true);
+  window.addEventListener("blur", released);
+
   // A live re-read must never wipe a decision someone is writing: skip it, and say so.
   function decisionBusy(elt) {
     const form = elt.querySelector("#decide-form");
@@ -73,7 +100,14 @@
   function liveReread(elt, trigger) {
     return elt && elt.id === "decision" && trigger && trigger.type === "console:changed";
   }
+  // The notice pushes the decision's buttons down: shown during a press (a press on Approve
+  // is what makes the form busy), it would move the button from under the pointer and the
+  // click would be lost. It waits for the release.
   function showStale(elt) {
+    if (pressing()) {
+      staleHeld.add(elt);
+      return;
+    }
     const notice = elt.querySelector("#decision-stale");
     if (notice) notice.hidden = false;
   }
@@ -94,27 +128,11 @@
   // Nor between a press and its release: the pressed link would be swapped for its new copy
   // under the pointer and the click lost (a row clicked just as the page's socket opens). The
   // re-read waits for the release, then reads again.
-  // A press held for more than HOLD_MS (or whose release the page never saw: a native select's
-  // popup takes it) holds nothing back.
-  const HOLD_MS = 2000;
-  let pressedAt = 0;
-  let heldBack = new Set();
-  document.addEventListener("pointerdown", () => { pressedAt = Date.now(); }, true);
-  function released() {
-    pressedAt = 0;
-    const names = heldBack;
-    heldBack = new Set();
-    names.forEach((name) => setTimeout(() => body.dispatchEvent(new CustomEvent(name)), 0));
-  }
-  document.addEventListener("pointerup", released, true);
-  document.addEventListener("pointercancel", released, true);
-  window.addEventListener("blur", released);
   body.addEventListener("htmx:beforeSwap", (event) => {
     const config = event.detail.requestConfig;
     const trigger = config && config.triggeringEvent;
     const live = trigger && (trigger.type === "console:changed" || trigger.type === "console:deliveries");
-    const pressed = pressedAt && Date.now() - pressedAt < HOLD_MS;
-    if (!live || !pressed || !event.detail.shouldSwap) return;
+    if (!live || !pressing() || !event.detail.shouldSwap) return;
     event.detail.shouldSwap = false;
     heldBack.add(trigger.type);
   });

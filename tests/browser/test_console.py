@@ -292,6 +292,53 @@ def test_a_live_re_read_waits_for_a_press_to_be_released(console_browser, live_c
         expect(page).to_have_url(re.compile(rf"/tickets/{ticket.pk}/$"))
 
 
+def test_a_stale_notice_waits_for_a_press_on_approve_to_be_released(
+    console_browser, live_server_only
+):
+    """A live re-read that finds the decision busy says so in a notice above the buttons, which
+    pushes them down. Shown while Approve is pressed, it would move the button from under the
+    pointer, and the click would be lost (no confirmation). It shows after the release, and the
+    release's click opens the confirmation."""
+    tenant, requester, approver = _people()
+    ticket = _ticket(paused_run(tenant, requested_by=requester, prompt=PROMPT))
+
+    with console_browser() as browser:
+        page = new_page(browser, live_server_only)
+        _sign_in(page, approver.username)
+        page.goto(f"/tickets/{ticket.pk}/")
+        page.wait_for_load_state("load")
+        _wait_live(page)
+        # The socket's opening re-reads the live regions once: let that land first.
+        for region in ("#ticket-head", "#claim", "#decision", "#comment-list"):
+            expect(page.locator(region)).not_to_have_class(re.compile(r"\bhtmx-request\b"))
+        page.evaluate(
+            """() => {
+              document.body.addEventListener("htmx:beforeSwap", () => { window.__asked = true; });
+            }"""
+        )
+        approve = page.locator("#decide-form button.approve")
+        box = approve.bounding_box()
+        page.mouse.move(box["x"] + box["width"] / 2, box["y"] + 4)
+        page.mouse.down()
+        # The pressed button has the focus, so the decision is busy: its re-read is skipped
+        # (and the notice asked for) as the event goes out; the other regions' answers show
+        # that it went out.
+        page.evaluate("document.body.dispatchEvent(new CustomEvent('console:changed'))")
+        # The page's CSP refuses wait_for_function's eval: look, letting the page run between.
+        deadline = time.monotonic() + TIMEOUT_MS / 1000
+        while not page.evaluate("window.__asked === true") and time.monotonic() < deadline:
+            page.wait_for_timeout(20)
+        assert page.evaluate("window.__asked === true"), "the re-read never answered"
+        assert page.locator("#decision-stale").is_hidden()
+        assert approve.bounding_box()["y"] == box["y"]
+        page.mouse.up()
+        expect(page.locator("dialog.confirm[open] button.approve")).to_be_visible()
+        expect(page.locator("#decision-stale")).to_be_visible()
+        page.keyboard.press("Escape")
+        expect(page.locator("dialog.confirm")).to_have_count(0)
+    assert Ticket.objects.get(pk=ticket.pk).status == TicketStatus.PENDING
+
+
 def test_a_change_between_render_and_socket_open_still_reaches_the_page(
     console_browser, live_server_only
 ):

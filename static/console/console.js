@@ -57,18 +57,25 @@
   });
   if (!window.htmx || !window.WebSocket) setLive("closed", "Reload to refresh");
 
-  // A press and its release: what a live re-read must not move in between. A press held for
-  // more than HOLD_MS (or whose release the page never saw: a native select's popup takes it)
-  // holds nothing back.
+  // A press and its release: what a live re-read must not move in between. What a press held
+  // back goes out at its release, or HOLD_MS after the press when the page never sees the
+  // release (a native select's popup or a context menu takes it); a longer press holds nothing.
   const HOLD_MS = 2000;
   let pressedAt = 0;
+  let holdTimer = null;
   let heldBack = new Set();
   let staleHeld = new Set();
   function pressing() {
     return pressedAt !== 0 && Date.now() - pressedAt < HOLD_MS;
   }
-  document.addEventListener("pointerdown", () => { pressedAt = Date.now(); }, true);
+  document.addEventListener("pointerdown", () => {
+    pressedAt = Date.now();
+    clearTimeout(holdTimer);
+    holdTimer = setTimeout(released, HOLD_MS);
+  }, true);
   function released() {
+    clearTimeout(holdTimer);
+    holdTimer = null;
     pressedAt = 0;
     const names = heldBack;
     const notices = staleHeld;
@@ -100,9 +107,10 @@
   function liveReread(elt, trigger) {
     return elt && elt.id === "decision" && trigger && trigger.type === "console:changed";
   }
-  // The notice pushes the decision's buttons down: shown during a press (a press on Approve
-  // is what makes the form busy), it would move the button from under the pointer and the
-  // click would be lost. It waits for the release.
+  // The notice pushes the decision's buttons down: shown during a press, it would move the
+  // button from under the pointer and the click would be lost (where a press focuses the
+  // button, as in Chromium, a press on Approve is itself what makes the form busy). It waits
+  // for the release.
   function showStale(elt) {
     if (pressing()) {
       staleHeld.add(elt);
@@ -289,6 +297,8 @@
   let focusInList = false;
   body.addEventListener("htmx:beforeSwap", (event) => {
     const target = event.detail.target;
+    // A swap held back above changes nothing, so nothing is to be put back.
+    if (!event.detail.shouldSwap) return;
     if (target && target.querySelector("[data-keyboard-list]")) {
       focusInList = target.contains(document.activeElement);
     }

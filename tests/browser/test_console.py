@@ -292,6 +292,42 @@ def test_a_live_re_read_waits_for_a_press_to_be_released(console_browser, live_c
         expect(page).to_have_url(re.compile(rf"/tickets/{ticket.pk}/$"))
 
 
+def test_a_re_read_held_by_a_press_whose_release_never_comes_lands_after_2_s(
+    console_browser, live_server_only
+):
+    """A release the page never sees (a native select's popup, a context menu takes it) must
+    not hold a live re-read back for good: it lands 2 s after the press, the pointer still down."""
+    tenant, requester, approver = _people()
+    _ticket(paused_run(tenant, requested_by=requester, prompt=PROMPT))
+
+    with console_browser() as browser:
+        page = new_page(browser, live_server_only)
+        _sign_in(page, approver.username)
+        _wait_live(page)
+        expect(page.locator("#queue-rows")).not_to_have_class(re.compile(r"\bhtmx-request\b"))
+        page.evaluate(
+            """() => {
+              document.getElementById("queue-rows").__drawn = true;
+              document.body.addEventListener("htmx:beforeSwap", () => { window.__asked = true; });
+            }"""
+        )
+        # A press on the page's background, whose release never comes.
+        page.mouse.move(5, page.viewport_size["height"] - 5)
+        page.mouse.down()
+        pressed = time.monotonic()
+        page.evaluate("document.body.dispatchEvent(new CustomEvent('console:changed'))")
+        deadline = time.monotonic() + TIMEOUT_MS / 1000
+        while not page.evaluate("window.__asked === true") and time.monotonic() < deadline:
+            page.wait_for_timeout(20)
+        assert page.evaluate("window.__asked === true"), "the re-read never answered"
+        redrawn = "document.getElementById('queue-rows').__drawn !== true"
+        while not page.evaluate(redrawn) and time.monotonic() < deadline:
+            page.wait_for_timeout(50)
+        assert page.evaluate(redrawn), "the held re-read never landed"
+        assert time.monotonic() - pressed >= 2.0
+        page.mouse.up()
+
+
 def test_a_stale_notice_waits_for_a_press_on_approve_to_be_released(
     console_browser, live_server_only
 ):

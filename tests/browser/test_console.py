@@ -100,6 +100,39 @@ def _wait_live(page) -> None:
     expect(page.locator("#live-status")).to_have_attribute("data-state", "open")
 
 
+def _wait_settled(page, *regions: str) -> None:
+    """The page's websocket is open and the re-read of these live regions that its opening
+    made has landed (htmx marks a region with htmx-request while its request is out)."""
+    _wait_live(page)
+    for region in regions:
+        expect(page.locator(region)).not_to_have_class(re.compile(r"\bhtmx-request\b"))
+
+
+def _wait_true(page, expression: str, message: str) -> None:
+    """Wait until a JavaScript expression is true on the page. The page's CSP refuses
+    wait_for_function's eval: look, letting the page run between."""
+    deadline = time.monotonic() + TIMEOUT_MS / 1000
+    while not page.evaluate(expression) and time.monotonic() < deadline:
+        page.wait_for_timeout(20)
+    assert page.evaluate(expression), message
+
+
+def _re_read_answered(page) -> None:
+    """Make the page's live regions re-read, as a hint does, and wait until an answer came."""
+    page.evaluate(
+        """() => {
+          document.body.addEventListener("htmx:beforeSwap", () => { window.__asked = true; });
+          document.body.dispatchEvent(new CustomEvent("console:changed"));
+        }"""
+    )
+    _wait_true(page, "window.__asked === true", "the re-read never answered")
+
+
+# The queue's rows carry this mark until they are swapped for a new copy.
+_MARK_ROWS = 'document.getElementById("queue-rows").__drawn = true'
+_ROWS_MARKED = 'document.getElementById("queue-rows").__drawn === true'
+
+
 def _mark_loaded(page) -> None:
     page.evaluate("window.__notReloaded = true")
 
@@ -269,25 +302,14 @@ def test_a_live_re_read_waits_for_a_press_to_be_released(console_browser, live_c
     with console_browser() as browser:
         page = new_page(browser, live_console)
         _sign_in(page, approver.username)
-        _wait_live(page)
         # The socket's opening re-reads the rows once: let that land before marking them.
-        expect(page.locator("#queue-rows")).not_to_have_class(re.compile(r"\bhtmx-request\b"))
-        page.evaluate(
-            """() => {
-              document.getElementById("queue-rows").__drawn = true;
-              document.body.addEventListener("htmx:beforeSwap", () => { window.__asked = true; });
-            }"""
-        )
+        _wait_settled(page, "#queue-rows")
+        page.evaluate(_MARK_ROWS)
         box = page.locator(f"#ticket-row-{ticket.pk} a.row-link").bounding_box()
         page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
         page.mouse.down()
-        page.evaluate("document.body.dispatchEvent(new CustomEvent('console:changed'))")
-        # The page's CSP refuses wait_for_function's eval: look, letting the page run between.
-        deadline = time.monotonic() + TIMEOUT_MS / 1000
-        while not page.evaluate("window.__asked === true") and time.monotonic() < deadline:
-            page.wait_for_timeout(20)
-        assert page.evaluate("window.__asked === true"), "the re-read never answered"
-        assert page.evaluate("document.getElementById('queue-rows').__drawn === true")
+        _re_read_answered(page)
+        assert page.evaluate(_ROWS_MARKED)
         page.mouse.up()
         expect(page).to_have_url(re.compile(rf"/tickets/{ticket.pk}/$"))
 
@@ -303,27 +325,14 @@ def test_a_re_read_held_by_a_press_whose_release_never_comes_lands_after_2_s(
     with console_browser() as browser:
         page = new_page(browser, live_server_only)
         _sign_in(page, approver.username)
-        _wait_live(page)
-        expect(page.locator("#queue-rows")).not_to_have_class(re.compile(r"\bhtmx-request\b"))
-        page.evaluate(
-            """() => {
-              document.getElementById("queue-rows").__drawn = true;
-              document.body.addEventListener("htmx:beforeSwap", () => { window.__asked = true; });
-            }"""
-        )
+        _wait_settled(page, "#queue-rows")
+        page.evaluate(_MARK_ROWS)
         # A press on the page's background, whose release never comes.
         page.mouse.move(5, page.viewport_size["height"] - 5)
         page.mouse.down()
         pressed = time.monotonic()
-        page.evaluate("document.body.dispatchEvent(new CustomEvent('console:changed'))")
-        deadline = time.monotonic() + TIMEOUT_MS / 1000
-        while not page.evaluate("window.__asked === true") and time.monotonic() < deadline:
-            page.wait_for_timeout(20)
-        assert page.evaluate("window.__asked === true"), "the re-read never answered"
-        redrawn = "document.getElementById('queue-rows').__drawn !== true"
-        while not page.evaluate(redrawn) and time.monotonic() < deadline:
-            page.wait_for_timeout(50)
-        assert page.evaluate(redrawn), "the held re-read never landed"
+        _re_read_answered(page)
+        _wait_true(page, f"!({_ROWS_MARKED})", "the held re-read never landed")
         assert time.monotonic() - pressed >= 2.0
         page.mouse.up()
 
@@ -343,15 +352,8 @@ def test_a_stale_notice_waits_for_a_press_on_approve_to_be_released(
         _sign_in(page, approver.username)
         page.goto(f"/tickets/{ticket.pk}/")
         page.wait_for_load_state("load")
-        _wait_live(page)
         # The socket's opening re-reads the live regions once: let that land first.
-        for region in ("#ticket-head", "#claim", "#decision", "#comment-list"):
-            expect(page.locator(region)).not_to_have_class(re.compile(r"\bhtmx-request\b"))
-        page.evaluate(
-            """() => {
-              document.body.addEventListener("htmx:beforeSwap", () => { window.__asked = true; });
-            }"""
-        )
+        _wait_settled(page, "#ticket-head", "#claim", "#decision", "#comment-list")
         approve = page.locator("#decide-form button.approve")
         box = approve.bounding_box()
         page.mouse.move(box["x"] + box["width"] / 2, box["y"] + 4)
@@ -359,12 +361,7 @@ def test_a_stale_notice_waits_for_a_press_on_approve_to_be_released(
         # The pressed button has the focus, so the decision is busy: its re-read is skipped
         # (and the notice asked for) as the event goes out; the other regions' answers show
         # that it went out.
-        page.evaluate("document.body.dispatchEvent(new CustomEvent('console:changed'))")
-        # The page's CSP refuses wait_for_function's eval: look, letting the page run between.
-        deadline = time.monotonic() + TIMEOUT_MS / 1000
-        while not page.evaluate("window.__asked === true") and time.monotonic() < deadline:
-            page.wait_for_timeout(20)
-        assert page.evaluate("window.__asked === true"), "the re-read never answered"
+        _re_read_answered(page)
         assert page.locator("#decision-stale").is_hidden()
         assert approve.bounding_box()["y"] == box["y"]
         page.mouse.up()

@@ -1,15 +1,25 @@
 """A change and the chain's head in one statement: an UPDATE (or a pair of them, or an INSERT)
 that also locks its rows' tenant and reads its audit head, so the transaction's next event is one
 statement (audit.chain's guesses); or that also writes the events which record it, when the head
-is where this process last saw it. The chain itself (linking, appending, verifying) is audit.chain.
+is where this process last saw it; or, outside a transaction, that writes them and commits on its
+own (update_queryset_with_events, send_pair_with_events: no BEGIN, no COMMIT). The chain itself
+(linking, appending, verifying) is audit.chain.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import re
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS, connection, connections
+from django.db import (
+    DEFAULT_DB_ALIAS,
+    DatabaseError,
+    DataError,
+    connection,
+    connections,
+    transaction,
+)
 from django.db.models import QuerySet
 from django.db.models.expressions import RawSQL
 
@@ -60,26 +70,17 @@ def update_holding_head(
 
 def _update_holding_head_postgres(conn, sql: str, params: Sequence[Any], returning: str, events):
     tenants = conn.ops.quote_name(Tenant._meta.db_table)
-    changed = f"WITH changed AS ({sql} RETURNING tenant_id AS audit_tenant, {returning}), "
-    written = _with_events(conn, events, after="changed", before_lock="")
+    written = _with_events(conn, events, after="changed")
     if written is not None:
-        ctes, extra = written
-        with conn.cursor() as cursor:
-            cursor.execute(
-                f"{changed}{ctes} SELECT moved.id, moved.audit_seq, moved.audit_head, "
-                "(SELECT array_agg(id ORDER BY seq) FROM linked), changed.* "
-                "FROM changed LEFT JOIN moved ON moved.id = changed.audit_tenant",
-                [*params, *extra],
-            )
-            rows = cursor.fetchall()
+        rows = _send_update_with_events(conn, sql, params, returning, written)
         if rows:
             # The events' tenant's row (moved names it); rows of another tenant, which the
             # changes of callers passing events never are, leave it NULL and unlocked.
             ours = [row for row in rows if row[0] is not None]
             _events_written(events, (ours or rows)[0][:4])
-        return [row[5:] for row in rows]
+        return [row[6:] for row in rows]
     statement = (
-        f"{changed}"
+        f"{_changed(sql, returning)}"
         f"head AS (SELECT id, audit_seq, audit_head FROM {tenants} "
         "WHERE id IN (SELECT audit_tenant FROM changed) ORDER BY id FOR UPDATE) "
         "SELECT head.id, head.audit_seq, head.audit_head, changed.* "
@@ -93,6 +94,27 @@ def _update_holding_head_postgres(conn, sql: str, params: Sequence[Any], returni
         chain._write(events)
     # Each row without the head and the changed row's tenant.
     return [row[4:] for row in rows]
+
+
+def _changed(sql: str, returning: str) -> str:
+    return f"WITH changed AS ({sql} RETURNING tenant_id AS audit_tenant, {returning}), "
+
+
+def _send_update_with_events(conn, sql, params, returning: str, written, *, alone=False):
+    """update_holding_head()'s change of sql and its events (written: _with_events'), in one
+    statement; each changed row as (tenant, seq, head, event ids, guard, *returning). alone:
+    the statement fails, undoing all of it, when it would change rows without its events
+    (_guard)."""
+    ctes, extra = written
+    with conn.cursor() as cursor:
+        cursor.execute(
+            f"{_changed(sql, returning)}{ctes} SELECT moved.id, moved.audit_seq, "
+            "moved.audit_head, (SELECT array_agg(id ORDER BY seq) FROM linked), "
+            f"{_guard('true') if alone else 'NULL'}, changed.* "
+            "FROM changed LEFT JOIN moved ON moved.id = changed.audit_tenant",
+            [*params, *extra],
+        )
+        return cursor.fetchall()
 
 
 def _hold_one(heads: set[tuple[Any, Any, Any]]) -> None:
@@ -116,16 +138,24 @@ def _hold_one(heads: set[tuple[Any, Any, Any]]) -> None:
 # in one more statement, as without a guess. The chain is linked under the lock in both cases.
 
 
-def _with_events(conn, events: Sequence[AuditEvent], *, after: str, before_lock: str):
+def _with_events(
+    conn,
+    events: Sequence[AuditEvent],
+    *,
+    after: str,
+    before_lock: str = "",
+    guess: tuple[int, str] | None = None,
+):
     """The CTEs `moved` and `linked` that write `events` after the change of CTE `after` (a
     CTE with an audit_tenant column), and their parameters; None when they cannot go in one
     statement (no events, no head seen, events held back in an open atomic(), several
     tenants). before_lock: a condition on no column of the tenant, checked before its row is
-    locked (pair_statement's)."""
+    locked (pair_statement's). guess: the head to link the events to, else the one this process
+    last saw."""
     if not events or getattr(conn, "_audit_batch", None) is not None:
         return None
     tenant_id = events[0].tenant_id
-    guess = chain._last_seen(tenant_id)
+    guess = guess or chain._last_seen(tenant_id)
     if guess is None or any(event.tenant_id != tenant_id for event in events):
         return None
     seq, head = guess
@@ -167,10 +197,7 @@ def _events_written(events: Sequence[AuditEvent], head_and_ids: Sequence[Any]) -
     if tenant_id is None:
         raise RuntimeError(f"tenant {events[0].tenant_id}'s head was not locked with the change")
     if ids:
-        for event, pk in zip(events, ids, strict=True):
-            event.pk = pk
-            event._state.adding = False
-            event._state.db = connection.alias
+        _stored(events, ids)
         chain._holding(tenant_id, seq, head)
     else:
         chain._holding(tenant_id, seq, head)
@@ -294,17 +321,9 @@ def send_pair_holding_head(
         raise ValueError("not a statement of pair_statement()")
     written = _with_events(conn, events, after="first_changed", before_lock=_PAIR_BEFORE_LOCK)
     if written is not None:
-        ctes, extra = written
-        with conn.cursor() as cursor:
-            cursor.execute(
-                f"{sql[: -len(head_part)]}{ctes} "
-                "SELECT (SELECT count(*) FROM first_changed), (SELECT count(*) FROM then_changed), "
-                "moved.id, moved.audit_seq, moved.audit_head, "
-                "(SELECT array_agg(id ORDER BY seq) FROM linked) "
-                "FROM (SELECT 1) AS one LEFT JOIN moved ON true",
-                [*params, *extra],
-            )
-            ((first_count, then_count, *head_and_ids),) = cursor.fetchall()
+        first_count, then_count, *head_and_ids, _ = _send_pair_with_events(
+            conn, sql[: -len(head_part)], params, written
+        )
         if first_count:
             _events_written(events, head_and_ids)
         return first_count, then_count
@@ -315,3 +334,155 @@ def send_pair_holding_head(
     if rows[0][0]:
         chain._write(events)
     return rows[0][0], rows[0][1]
+
+
+def _send_pair_with_events(conn, pair_sql: str, params, written, *, alone=False) -> tuple:
+    """pair_statement()'s statement up to its head (pair_sql) with the events (written:
+    _with_events'), sent: (first's count, then's count, tenant, seq, head, event ids, guard).
+    alone: as _send_update_with_events'."""
+    ctes, extra = written
+    with conn.cursor() as cursor:
+        cursor.execute(
+            f"{pair_sql}{ctes} "
+            "SELECT (SELECT count(*) FROM first_changed), (SELECT count(*) FROM then_changed), "
+            "moved.id, moved.audit_seq, moved.audit_head, "
+            "(SELECT array_agg(id ORDER BY seq) FROM linked), "
+            f"{_guard('EXISTS (SELECT 1 FROM first_changed)') if alone else 'NULL'} "
+            "FROM (SELECT 1) AS one LEFT JOIN moved ON true",
+            [*params, *extra],
+        )
+        ((*row,),) = cursor.fetchall()
+    return tuple(row)
+
+
+# --- a change and its events committed alone ---------------------------------------------------
+#
+# A change whose transaction holds nothing else (a run's end, an effect's confirmation) needs no
+# transaction of its own when it goes in one statement with its events: in autocommit the
+# statement is its own transaction, so BEGIN and COMMIT, two round trips of three, go. Only if a
+# wrong guess writes nothing at all: a statement that would change rows without writing their
+# events (the head was not the guess under the tenant's lock) fails instead (_guard), which
+# undoes every part of it, and names the head it found. The change is sent again linked to that
+# head, and after a second miss in a transaction of its own, as update_holding_head() does.
+
+_MISSED = "audit head moved:"
+_MISSED_HEAD = re.compile(re.escape(_MISSED) + r"(\d+):([0-9a-f]*)")
+
+
+def _guard(changed: str) -> str:
+    """A column that fails its statement when `changed` (SQL) holds and no event was written:
+    a cast of text that is no number, naming the head the statement found (_missed)."""
+    return (
+        f"CASE WHEN {changed} AND NOT EXISTS (SELECT 1 FROM linked) THEN "
+        f"('{_MISSED}' || coalesce(moved.audit_seq::text, '') || ':' "
+        "|| coalesce(moved.audit_head, ''))::integer END"
+    )
+
+
+def _missed(error: DataError) -> tuple[int, str] | None:
+    """The head a guarded statement found instead of its guess, when error is its guard's."""
+    found = _MISSED_HEAD.search(str(error))
+    return (int(found[1]), found[2]) if found else None
+
+
+def _alone(events: Sequence[AuditEvent], send: Callable[[tuple[int, str]], Any]) -> Any:
+    """send(guess) in autocommit, sent again once with the head a miss found; None when it may
+    not (no events, several tenants, inside a transaction, not PostgreSQL, no head seen) or
+    missed twice: the caller then sends the change in a transaction of its own."""
+    if not events or connection.vendor != "postgresql" or connection.in_atomic_block:
+        return None
+    tenant_id = events[0].tenant_id
+    if any(event.tenant_id != tenant_id for event in events):
+        return None
+    guess = chain._last_seen(tenant_id)
+    for _ in range(2):
+        if guess is None:
+            return None
+        try:
+            return send(guess)
+        except DataError as error:
+            if _MISSED not in str(error):
+                raise
+            # None when the statement locked no head of the events' tenant: the transaction
+            # of its own says why.
+            guess = _missed(error)
+            if guess is not None:
+                chain._saw(tenant_id, *guess)
+        except DatabaseError:
+            # A connection lost with the statement is dropped, as atomic() drops one whose
+            # rollback failed: the caller's next statement (a task's failure, stored by the
+            # task queue) then opens a fresh one instead of failing on the closed one.
+            if not connection.is_usable():
+                connection.close()
+            raise
+    return None
+
+
+def _events_committed(events: Sequence[AuditEvent], tenant_id, seq, head, ids) -> None:
+    """After a guarded statement that wrote events (ids) and committed: nothing is held."""
+    if tenant_id is None or not ids:
+        raise RuntimeError(
+            f"tenant {events[0].tenant_id}'s events were not written with the change"
+        )
+    _stored(events, ids)
+    chain._saw(tenant_id, seq, head)
+    chain._announce(events)
+
+
+def _stored(events: Sequence[AuditEvent], ids: Sequence[int]) -> None:
+    """The events are rows now: their pks, in order."""
+    for event, pk in zip(events, ids, strict=True):
+        event.pk = pk
+        event._state.adding = False
+        event._state.db = connection.alias
+
+
+def update_queryset_with_events(
+    queryset: QuerySet, *, events: Sequence[AuditEvent], **values: Any
+) -> int:
+    """update_queryset_holding_head() anywhere: how many rows changed. The change and its
+    events commit together or not at all. Outside a transaction on PostgreSQL, when the head is
+    where this process last saw it, one statement in autocommit (no BEGIN, no COMMIT); else in a
+    transaction of its own. Inside one, part of it (update_queryset_holding_head())."""
+    update_sql, params = transitions.update_statement(queryset, **values)
+
+    def send(guess: tuple[int, str]) -> int:
+        written = _with_events(connection, events, after="changed", guess=guess)
+        rows = _send_update_with_events(connection, update_sql, params, "1", written, alone=True)
+        if rows:
+            ours = [row for row in rows if row[0] is not None]
+            _events_committed(events, *(ours or rows)[0][:4])
+        return len(rows)
+
+    changed = _alone(events, send)
+    if changed is None:
+        with transaction.atomic(using=queryset.db):
+            changed = update_queryset_holding_head(queryset, events=events, **values)
+    return changed
+
+
+def send_pair_with_events(
+    sql: str, params: Sequence[Any], *, events: Sequence[AuditEvent]
+) -> tuple[int, int]:
+    """send_pair_holding_head() anywhere, as update_queryset_with_events() sends its change:
+    how many rows each part changed."""
+    head_part = _PAIR_HEAD.format(tenants=connection.ops.quote_name(Tenant._meta.db_table))
+    if not sql.endswith(head_part):
+        raise ValueError("not a statement of pair_statement()")
+
+    def send(guess: tuple[int, str]) -> tuple[int, int]:
+        written = _with_events(
+            connection, events, after="first_changed", before_lock=_PAIR_BEFORE_LOCK, guess=guess
+        )
+        first_count, then_count, *head_and_ids, _ = _send_pair_with_events(
+            connection, sql[: -len(head_part)], params, written, alone=True
+        )
+        if first_count:
+            _events_committed(events, *head_and_ids)
+        return first_count, then_count
+
+    counts = _alone(events, send)
+    if counts is None:
+        with transaction.atomic():
+            counts = send_pair_holding_head(sql, params, events=events)
+    return counts

@@ -161,16 +161,15 @@ def perform(
                 outcome=LedgerStatus.DONE,
                 detail={"resource": resource[:200]},
             )
-            with transaction.atomic():
-                # The record's update takes the audit head's lock and writes its event: one
-                # statement when the head is where this process last saw it, else two.
-                changes.update_queryset_holding_head(
-                    IdempotencyRecord.objects.filter(pk=record.pk),
-                    events=[done],
-                    status=LedgerStatus.DONE,
-                    result=result,
-                    completed_at=timezone.now(),
-                )
+            # The record's update and its event commit together: one statement of its own
+            # when the head is where this process last saw it, else a transaction of two.
+            changes.update_queryset_with_events(
+                IdempotencyRecord.objects.filter(pk=record.pk),
+                events=[done],
+                status=LedgerStatus.DONE,
+                result=result,
+                completed_at=timezone.now(),
+            )
         except Exception as error:
             # The effect ran, but that it did could not be recorded: its outcome is unknown to
             # the console, so the run waits for a person instead of failing or repeating it.

@@ -259,27 +259,28 @@ def finish(run: Run, *, status: str, reason: str = "", final_output: str = "", a
         outcome=status,
         detail={"reason": reason} if reason else {},
     )
-    with transaction.atomic():
-        # The run, its tickets still pending, then the tenant's audit head (the order a decision
-        # locks them in) and the event: one statement on PostgreSQL when the head is where this
-        # process last saw it (two when not), written once per process and shape.
-        if connection.vendor == "postgresql":
-            sql, params = statements.statement(
-                ("lease.finish", run.status, status),
-                lambda v: _ending(v, run.status, status, write=changes.pair_statement),
-                values,
-            )
-            stored, _ = changes.send_pair_holding_head(sql, params, events=[ended])
-        else:
+    # The run, its tickets still pending, then the tenant's audit head (the order a decision
+    # locks them in) and the event, committed together: on PostgreSQL one statement of its own
+    # when the head is where this process last saw it (else a transaction of two), written once
+    # per process and shape.
+    if connection.vendor == "postgresql":
+        sql, params = statements.statement(
+            ("lease.finish", run.status, status),
+            lambda v: _ending(v, run.status, status, write=changes.pair_statement),
+            values,
+        )
+        stored, _ = changes.send_pair_with_events(sql, params, events=[ended])
+    else:
+        with transaction.atomic():
             stored, _ = _ending(
                 values,
                 run.status,
                 status,
                 write=functools.partial(changes.update_pair_holding_head, events=[ended]),
             )
-        if not stored:
-            return False
-        hints.notify_on_commit(run.tenant_id, "run.changed", run=run.pk, status=status)
+    if not stored:
+        return False
+    hints.notify_on_commit(run.tenant_id, "run.changed", run=run.pk, status=status)
     return True
 
 

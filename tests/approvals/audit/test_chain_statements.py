@@ -7,13 +7,14 @@ import threading
 
 import psycopg
 import pytest
-from django.db import IntegrityError, connection, transaction
+from django.db import DataError, IntegrityError, connection, transaction
 from django.test.utils import CaptureQueriesContext
 
-from approvals import signals
+from approvals import signals, transitions
 from approvals.audit import chain as audit
 from approvals.audit import changes
 from approvals.models import AuditEvent, Run, Tenant, Ticket, TicketStatus
+from devtools.bench import queries
 from tests.support import TenantFactory, paused_run, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -800,3 +801,272 @@ def test_a_change_with_its_event_announces_the_event_once_committed():
 
     assert changed == 1
     assert seen == [event.pk]
+
+
+# --- a change and its events committed alone (autocommit) -------------------------------------
+
+
+def _retitle_alone(run, title: str, *, was: str | None = None):
+    """_retitle_with_event outside any transaction: (rows changed, statements sent (failed ones
+    too), transactions committed, the event)."""
+    event = _event(run.tenant, title)
+    with queries.counting() as counts:
+        changed = changes.update_queryset_with_events(
+            Run.objects.filter(pk=run.pk, title=run.title if was is None else was),
+            events=[event],
+            title=title,
+        )
+    return changed, [sql for _, sql in counts.log], counts["commits"], event
+
+
+@POSTGRES_ONLY
+def test_a_change_with_its_event_alone_is_one_statement_and_no_transaction():
+    tenant = TenantFactory(slug="acme")
+    run = paused_run(tenant)
+
+    changed, statements, commits, event = _retitle_alone(run, "moved")
+
+    assert changed == 1
+    assert len(statements) == 1, statements
+    assert commits == 0
+    assert Run.objects.get(pk=run.pk).title == "moved"
+    _linked_last(tenant, event)
+    # Nothing is held: the statement's lock ended with it.
+    assert not _locked_elsewhere(tenant)
+    assert not audit._guesses().get(tenant.pk, (0, "", False))[2]
+    assert audit._last_seen(tenant.pk) == (event.seq, event.hash)
+
+
+@POSTGRES_ONLY
+def test_a_change_alone_whose_guess_missed_is_sent_again_linked_to_the_head_it_found():
+    tenant = TenantFactory(slug="acme")
+    run = paused_run(tenant)
+    # As if another process had appended since this one last saw the head.
+    audit._saw(tenant.pk, 1, "f" * 64)
+
+    changed, statements, commits, event = _retitle_alone(run, "moved")
+
+    assert changed == 1
+    # The first failed (its guard), having changed nothing; the second wrote both.
+    assert len(statements) == 2, statements
+    assert commits == 0
+    assert Run.objects.get(pk=run.pk).title == "moved"
+    assert AuditEvent.objects.filter(tenant=tenant, outcome="moved").count() == 1
+    _linked_last(tenant, event)
+
+
+@POSTGRES_ONLY
+def test_a_guarded_statement_whose_guess_missed_changes_nothing_and_names_the_head():
+    tenant = TenantFactory(slug="acme")
+    run = paused_run(tenant)
+    head = Tenant.objects.values_list("audit_seq", "audit_head").get(pk=tenant.pk)
+    events = AuditEvent.objects.filter(tenant=tenant).count()
+    update_sql, params = transitions.update_statement(Run.objects.filter(pk=run.pk), title="x")
+    written = changes._with_events(
+        connection, [_event(tenant, "x")], after="changed", guess=(1, "f" * 64)
+    )
+
+    with pytest.raises(DataError) as raised:
+        changes._send_update_with_events(connection, update_sql, params, "1", written, alone=True)
+
+    assert changes._missed(raised.value) == head
+    assert Run.objects.get(pk=run.pk).title == run.title
+    assert AuditEvent.objects.filter(tenant=tenant).count() == events
+    assert Tenant.objects.values_list("audit_seq", "audit_head").get(pk=tenant.pk) == head
+
+
+def test_a_change_alone_that_misses_twice_goes_in_a_transaction_of_its_own(monkeypatch):
+    tenant = TenantFactory(slug="acme")
+    run = paused_run(tenant)
+    audit._saw(tenant.pk, 1, "f" * 64)
+    # As if another process appended again before each sending: every head found is stale.
+    monkeypatch.setattr(changes, "_missed", lambda error: (1, "e" * 64))
+
+    changed, statements, commits, event = _retitle_alone(run, "moved")
+
+    assert changed == 1
+    assert commits == 1
+    if connection.vendor == "postgresql":
+        # Two refused alone, then the change with the lock and the event, in one transaction.
+        assert len(statements) == 4, statements
+    assert AuditEvent.objects.filter(tenant=tenant, outcome="moved").count() == 1
+    _linked_last(tenant, event)
+
+
+def test_a_change_alone_that_changes_nothing_writes_no_event():
+    tenant = TenantFactory(slug="acme")
+    run = paused_run(tenant)
+    head = Tenant.objects.values_list("audit_seq", "audit_head").get(pk=tenant.pk)
+
+    changed, statements, commits, event = _retitle_alone(run, "moved", was="not this title")
+
+    assert changed == 0
+    assert event.pk is None
+    if connection.vendor == "postgresql":
+        assert (len(statements), commits) == (1, 0)
+    assert Tenant.objects.values_list("audit_seq", "audit_head").get(pk=tenant.pk) == head
+    assert audit.verify_chain(tenant).ok
+
+
+@pytest.mark.parametrize(
+    "title, error",
+    [
+        # Longer than its column: a DataError that is not the guard's (SQLite keeps it).
+        pytest.param("t" * 1000, DataError, marks=POSTGRES_ONLY),
+        (None, IntegrityError),
+    ],
+)
+def test_a_change_alone_that_fails_for_another_reason_raises_and_writes_nothing(title, error):
+    tenant = TenantFactory(slug="acme")
+    run = paused_run(tenant)
+    events = AuditEvent.objects.filter(tenant=tenant).count()
+
+    with pytest.raises(error):
+        _retitle_alone(run, title)
+
+    assert Run.objects.get(pk=run.pk).title == run.title
+    assert AuditEvent.objects.filter(tenant=tenant).count() == events
+    assert audit.verify_chain(tenant).ok
+
+
+def test_a_change_alone_inside_a_transaction_is_part_of_it():
+    tenant = TenantFactory(slug="acme")
+    run = paused_run(tenant)
+
+    with pytest.raises(LookupError), transaction.atomic():
+        changes.update_queryset_with_events(
+            Run.objects.filter(pk=run.pk), events=[_event(tenant, "undone")], title="undone"
+        )
+        raise LookupError("the caller's transaction fails after the change")
+
+    assert Run.objects.get(pk=run.pk).title == run.title
+    assert not AuditEvent.objects.filter(tenant=tenant, outcome="undone").exists()
+    assert audit.verify_chain(tenant).ok
+
+
+def test_a_change_alone_announces_its_event_once():
+    tenant = TenantFactory(slug="acme")
+    run = paused_run(tenant)
+    seen = []
+
+    def heard(sender, event, **kwargs):
+        seen.append(event.pk)
+
+    audit._saw(tenant.pk, 1, "f" * 64)
+    signals.audit_event_committed.connect(heard)
+    try:
+        _, _, _, event = _retitle_alone(run, "moved")
+    finally:
+        signals.audit_event_committed.disconnect(heard)
+
+    assert seen == [event.pk]
+
+
+@pytest.mark.parametrize("guess", ["seen", "moved on"])
+def test_a_pair_alone_writes_both_changes_and_the_event_whatever_the_guess(guess):
+    tenant = TenantFactory(slug="acme")
+    run = paused_run(tenant)
+    if guess == "moved on":
+        audit._saw(tenant.pk, 1, "f" * 64)
+    event = _event(tenant, "ended")
+    first = Run.objects.filter(pk=run.pk)
+    then = Ticket.objects.filter(run=run, status=TicketStatus.PENDING)
+
+    with queries.counting() as counts:
+        if connection.vendor == "postgresql":
+            sql, params = changes.pair_statement(
+                first, {"title": "ended"}, then, {"status": TicketStatus.SUPERSEDED}, link="run_id"
+            )
+            changed = changes.send_pair_with_events(sql, params, events=[event])
+        else:
+            with transaction.atomic():
+                changed = changes.update_pair_holding_head(
+                    first,
+                    {"title": "ended"},
+                    then,
+                    {"status": TicketStatus.SUPERSEDED},
+                    link="run_id",
+                    events=[event],
+                )
+
+    assert changed == (1, 1)
+    if connection.vendor == "postgresql":
+        assert (counts["main"], counts["commits"]) == ({"seen": 1, "moved on": 2}[guess], 0)
+    assert Ticket.objects.get(run=run).status == TicketStatus.SUPERSEDED
+    _linked_last(tenant, event)
+
+
+@POSTGRES_ONLY
+def test_a_pair_alone_whose_first_update_changes_nothing_writes_nothing():
+    tenant = TenantFactory(slug="acme")
+    run = paused_run(tenant)
+    before = _outcomes(tenant)
+    sql, params = changes.pair_statement(
+        Run.objects.filter(pk=run.pk, title="not this title"),
+        {"title": "ended"},
+        Ticket.objects.filter(run=run, status=TicketStatus.PENDING),
+        {"status": TicketStatus.SUPERSEDED},
+        link="run_id",
+    )
+
+    changed = changes.send_pair_with_events(sql, params, events=[_event(tenant, "ended")])
+
+    assert changed == (0, 0)
+    assert _outcomes(tenant) == before
+    assert Ticket.objects.get(run=run).status == TicketStatus.PENDING
+
+
+@POSTGRES_ONLY
+def test_a_change_alone_that_waited_for_another_writers_lock_links_its_event_after_that_writers():
+    """Another transaction appends and holds the tenant's row while the change waits for it:
+    under the lock the head is no longer the guess, the statement undoes itself, and is sent
+    again after the other writer's event."""
+    tenant = TenantFactory(slug="acme")
+    run = paused_run(tenant)
+    guess = audit._last_seen(tenant.pk)
+    appended, commit = threading.Event(), threading.Event()
+    done: list = []
+
+    def other_writer() -> None:
+        try:
+            with transaction.atomic():
+                _append(tenant, "between")
+                appended.set()
+                commit.wait(timeout=10)
+        finally:
+            connection.close()
+
+    def change() -> None:
+        try:
+            done.append(_retitle_alone(run, "moved"))
+        finally:
+            connection.close()
+
+    writer = threading.Thread(target=other_writer)
+    writer.start()
+    changer = threading.Thread(target=change)
+    try:
+        assert appended.wait(timeout=10)
+        # This process saw the head before the other writer moved it.
+        audit._saw(tenant.pk, *guess)
+        changer.start()
+        wait_until(
+            lambda: _waiting_on_a_lock("linked"),
+            timeout=10,
+            what="the change to wait for the tenant's row",
+        )
+    finally:
+        commit.set()
+        writer.join(timeout=10)
+        if changer.ident:
+            changer.join(timeout=10)
+
+    [(changed, statements, commits, event)] = done
+    assert changed == 1
+    # The other writer's, counted too: the change's statements committed on their own.
+    assert commits == 1
+    # Its statements only (the other writer's append is counted too).
+    assert len([sql for sql in statements if sql.startswith("WITH changed AS")]) == 2, statements
+    assert _outcomes(tenant)[-2:] == ["between", "moved"]
+    assert Run.objects.get(pk=run.pk).title == "moved"
+    _linked_last(tenant, event)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import hashlib
 
 import pytest
-from django.db import DatabaseError
+from django.db import DatabaseError, transaction
 
 from approvals.execution import ledger
 from approvals.models import AuditEvent, IdempotencyRecord, LedgerStatus, Ticket
@@ -230,10 +230,11 @@ def test_an_effect_whose_confirmation_cannot_be_stored_is_in_doubt_and_stops_the
 
     def refuse(queryset, *, events=(), **values):
         # The record is confirmed, then writing its audit event fails.
-        queryset.update(**values)
-        raise DatabaseError("disk full")
+        with transaction.atomic():
+            queryset.update(**values)
+            raise DatabaseError("disk full")
 
-    monkeypatch.setattr(ledger.changes, "update_queryset_holding_head", refuse)
+    monkeypatch.setattr(ledger.changes, "update_queryset_with_events", refuse)
     reason = (
         "deploy_release on production ran in attempt w3 but its confirmation could not be "
         "stored (DatabaseError); check whether it happened"

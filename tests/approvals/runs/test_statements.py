@@ -51,6 +51,10 @@ def test_statements_of_a_resume_that_completes():
     # On SQLite each transaction is a BEGIN IMMEDIATE statement and an append is three.
     expected = {"postgresql": (4, 2), "sqlite": (12, 6)}[connection.vendor]
     assert (counts["main"], counts["other"]) == expected, counts.log
+    # Transactions: on PostgreSQL the claim's alone. The confirmation and the outcome, each one
+    # statement with its event, commit on their own (autocommit): no BEGIN, no COMMIT. On
+    # SQLite the claim, the confirmation and the outcome.
+    assert counts["commits"] == {"postgresql": 1, "sqlite": 3}[connection.vendor]
 
 
 def test_statements_of_a_pause():

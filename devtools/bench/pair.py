@@ -17,20 +17,21 @@ from devtools.bench import stats
 
 
 def alternate(
-    sides: Sequence[Callable[[int], None]], rounds: int, *, warm: int
+    sides: Sequence[Callable[[int], float | None]], rounds: int, *, warm: int
 ) -> list[list[float]]:
     """Call every side once per round, `rounds` times, and return each side's seconds per call,
     without its first `warm` calls. The order turns each round (0, 1, then 1, 0), so neither
     side always follows the other. A side is called with the number of the call (0, 1, 2, ...
-    over both sides), to pick its own input."""
+    over both sides), to pick its own input; a side that returns seconds measured them itself
+    (a batch's, without what it waited for first), else the call is timed."""
     seconds: list[list[float]] = [[] for _ in sides]
     number = 0
     for round_ in range(rounds):
         order = range(len(sides)) if round_ % 2 == 0 else reversed(range(len(sides)))
         for side in order:
             started = time.perf_counter()
-            sides[side](number)
-            elapsed = time.perf_counter() - started
+            measured = sides[side](number)
+            elapsed = time.perf_counter() - started if measured is None else measured
             number += 1
             if round_ >= warm:
                 seconds[side].append(elapsed)

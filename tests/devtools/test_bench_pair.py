@@ -23,6 +23,19 @@ def test_alternate_turns_the_order_each_round_and_numbers_every_call():
     assert all(s >= 0 for side_seconds in seconds for s in side_seconds)
 
 
+def test_alternate_keeps_the_seconds_a_side_measured_itself():
+    measured = iter([0.5, 0.25, 0.125, 2.0])
+
+    def side(number: int) -> float:
+        # A batch's own figure (its first claim to its last end), not the call's wall time.
+        return next(measured)
+
+    seconds = pair.alternate([side, side], 2, warm=0)
+
+    # Round 0: a then b; round 1: b then a.
+    assert seconds == [[0.5, 2.0], [0.25, 0.125]]
+
+
 def test_the_table_gives_each_side_and_the_second_against_the_first():
     text = pair.table(
         {"decision": [[0.010, 0.010, 0.010], [0.005, 0.005, 0.005]]}, ["here (abc)", "there (def)"]
@@ -45,7 +58,7 @@ def test_bench_pair_refuses_a_directory_that_is_no_checkout(tmp_path):
 def test_bench_pair_refuses_a_warm_up_as_long_as_the_measure(tmp_path):
     (tmp_path / "manage.py").write_text("")
 
-    with pytest.raises(CommandError, match="--submits must be more than --warm"):
+    with pytest.raises(CommandError, match="--submits must be 0 or more than --warm"):
         call_command("bench_pair", str(tmp_path), "--submits", "20", "--warm", "20")
 
 

@@ -4,7 +4,10 @@ database `make bench` left (PostgreSQL, its name containing "bench").
 Starts one web process (`manage.py runserver --noreload`, daphne) of each checkout, then sends
 the same kinds of requests to both, alternating: decisions of paused runs as a signed-in
 approver (no worker runs, so the decision is measured alone), and POST /api/v1/runs/paused with
-an API token. Prints a table and writes JSON (docs/PERFORMANCE.md).
+an API token. Then resumes: batches of approved runs, each resumed by 2 workers of one
+checkout, alternating; a batch's figure is its wall time per resume, from its first claim to
+its last end as stored (the workers' start not in it). Prints a table and writes JSON
+(docs/PERFORMANCE.md).
 """
 
 from __future__ import annotations
@@ -31,9 +34,13 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("other", help="the other checkout's directory (its manage.py runs)")
-        parser.add_argument("--decisions", type=int, default=600, help="per checkout")
-        parser.add_argument("--submits", type=int, default=400, help="per checkout")
+        parser.add_argument("--decisions", type=int, default=600, help="per checkout (0: none)")
+        parser.add_argument("--submits", type=int, default=400, help="per checkout (0: none)")
         parser.add_argument("--warm", type=int, default=20, help="calls per checkout not counted")
+        parser.add_argument(
+            "--resume-batches", type=int, default=6, help="per checkout, 2 workers each (0: none)"
+        )
+        parser.add_argument("--resume-batch", type=int, default=150, help="runs per batch")
         parser.add_argument("--json", dest="json_path", default="var/bench-pair.json")
 
     def say(self, text: str) -> None:
@@ -45,8 +52,8 @@ class Command(BaseCommand):
         if not (other_root / "manage.py").is_file():
             raise CommandError(f"{other} is not a checkout of the console: it has no manage.py")
         for name in ("decisions", "submits"):
-            if options[name] <= options["warm"]:
-                raise CommandError(f"--{name} must be more than --warm ({options['warm']})")
+            if options[name] and options[name] <= options["warm"]:
+                raise CommandError(f"--{name} must be 0 or more than --warm ({options['warm']})")
         database_name = database.bench_database_name()
         tenant = Tenant.objects.filter(slug="bench").first()
         users = get_user_model()
@@ -83,12 +90,24 @@ class Command(BaseCommand):
         self.say(f"wrote {path}")
 
     def measure(self, procs, roots, tenant, people, options) -> dict[str, Any]:
-        requester, approver = people["bench-dev"], people["bench-rm"]
         env = Bench().web_env()
-        webs = [processes.start_web(procs, env, root=root)[0] for root in roots]
-        self.say(f"web processes up: {', '.join(webs)}")
         report: dict[str, Any] = {}
+        if options["decisions"] or options["submits"]:
+            webs = [processes.start_web(procs, env, root=root)[0] for root in roots]
+            self.say(f"web processes up: {', '.join(webs)}")
+            if options["decisions"]:
+                report["decision"] = self.decisions(webs, tenant, people, options)
+                self.say("decisions measured")
+            if options["submits"]:
+                report["api_submit"] = self.submits(webs, tenant, people, options)
+                self.say("API submits measured")
+        if options["resume_batches"]:
+            report["resume_2_workers"] = self.resumes(procs, roots, tenant, people, options)
+            self.say("resumes measured")
+        return report
 
+    def decisions(self, webs, tenant, people, options) -> list[list[float]]:
+        requester, approver = people["bench-dev"], people["bench-rm"]
         rounds = options["decisions"]
         template, text = cloning.make_template(tenant, requester)
         stamp = time.strftime("%H%M%S")
@@ -108,19 +127,18 @@ class Command(BaseCommand):
 
             return call
 
-        report["decision"] = pair.alternate(
-            [decide_on(0), decide_on(1)], rounds, warm=options["warm"]
-        )
-        self.say("decisions measured")
+        return pair.alternate([decide_on(0), decide_on(1)], rounds, warm=options["warm"])
 
+    def submits(self, webs, tenant, people, options) -> list[list[float]]:
         rounds = options["submits"]
+        stamp = time.strftime("%H%M%S")
         bodies = [
             api_submit.submit_body(result)
             for result in api_submit.paused_results(
                 [f"2026.12.12-api{stamp}{n:05d}" for n in range(2 * rounds)]
             )
         ]
-        secret = api_submit.bench_token(tenant, requester)
+        secret = api_submit.bench_token(tenant, people["bench-dev"])
         connections = [api_submit.ApiConnection(url, secret) for url in webs]
 
         def submit_on(side: int):
@@ -134,11 +152,41 @@ class Command(BaseCommand):
             return call
 
         try:
-            report["api_submit"] = pair.alternate(
-                [submit_on(0), submit_on(1)], rounds, warm=options["warm"]
-            )
+            return pair.alternate([submit_on(0), submit_on(1)], rounds, warm=options["warm"])
         finally:
             for connection in connections:
                 connection.close()
-        self.say("API submits measured")
-        return report
+
+    def resumes(self, procs, roots, tenant, people, options) -> list[list[float]]:
+        """Each batch's wall seconds per resume, per checkout: approved clones resumed by 2
+        workers of the checkout, started for the batch and stopped after it."""
+        requester, approver = people["bench-dev"], people["bench-rm"]
+        size, rounds = options["resume_batch"], options["resume_batches"]
+        template, text = cloning.make_template(tenant, requester)
+        stamp = time.strftime("%H%M%S")
+        releases = [f"2026.12.12-resume{stamp}{n:06d}" for n in range(2 * rounds * size)]
+        clones = cloning.clone_runs(template, text, tenant, requester, releases)
+        env = Bench().web_env()
+
+        def resume_on(side: int):
+            def call(number: int) -> float:
+                batch = clones[number * size : (number + 1) * size]
+                ids = [c.run_id for c in batch]
+                cloning.approve_in_bulk(batch, approver)
+                workers = [
+                    procs.start("worker", "worker", "--interval", "1", env=env, root=roots[side])
+                    for _ in range(2)
+                ]
+                try:
+                    cloning.wait_finished(ids, timeout=300, procs=workers, poll=0.2)
+                finally:
+                    for worker in workers:
+                        procs.stop(worker)
+                once = cloning.exactly_once(c.release for c in batch)
+                if once["duplicates"] or once["lost"]:
+                    raise CommandError(f"a batch on {roots[side]} was not exactly once: {once}")
+                return cloning.span_seconds(ids) / size
+
+            return call
+
+        return pair.alternate([resume_on(0), resume_on(1)], rounds, warm=0)

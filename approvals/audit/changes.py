@@ -365,7 +365,9 @@ def _send_pair_with_events(conn, pair_sql: str, params, written, *, alone=False)
 # undoes every part of it, and names the head it found. The change is sent again linked to that
 # head, and after a second miss in a transaction of its own, as update_holding_head() does.
 
-_MISSED = "audit head moved:"
+# The guard's text, in PostgreSQL's log as `ERROR: invalid input syntax for type integer: "..."`
+# (docs/RELIABILITY.md): expected when another writer appended since this process saw the head.
+_MISSED = "approvals audit head moved, nothing written, sent again at "
 _MISSED_HEAD = re.compile(re.escape(_MISSED) + r"(\d+):([0-9a-f]*)")
 
 

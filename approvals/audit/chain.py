@@ -14,6 +14,7 @@ break.
 from __future__ import annotations
 
 import logging
+import re
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -226,7 +227,10 @@ def _insert_parts(rows: int) -> tuple[str, str]:
     if rows not in _INSERT_PARTS:
         quote = connection.ops.quote_name
         fields = [f for f in AuditEvent._meta.concrete_fields if not f.primary_key]
-        row = "(" + ", ".join(f"%s::{f.db_type(connection)}" for f in fields) + ")"
+        # Each value cast to its column's type without a length: an explicit cast to
+        # varchar(n) would cut an overlong value short (its hash covering the whole), where
+        # the column's own check refuses it.
+        row = "(" + ", ".join(f"%s::{_unsized(f.db_type(connection))}" for f in fields) + ")"
         _INSERT_FIELDS[:] = fields
         _INSERT_PARTS[rows] = (
             f"INSERT INTO {quote(AuditEvent._meta.db_table)} "
@@ -234,6 +238,10 @@ def _insert_parts(rows: int) -> tuple[str, str]:
             f"(VALUES {', '.join([row] * rows)}) AS events",
         )
     return _INSERT_PARTS[rows]
+
+
+def _unsized(db_type: str) -> str:
+    return re.sub(r"^varchar\(\d+\)$", "varchar", db_type)
 
 
 def _insert_sql(rows: int) -> str:

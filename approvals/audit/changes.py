@@ -8,6 +8,7 @@ own (update_queryset_with_events, send_pair_with_events: no BEGIN, no COMMIT). T
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -26,6 +27,8 @@ from django.db.models.expressions import RawSQL
 from approvals import transitions
 from approvals.audit import chain
 from approvals.models import AuditEvent, Tenant
+
+logger = logging.getLogger(__name__)
 
 
 def update_holding_head(
@@ -197,7 +200,7 @@ def _events_written(events: Sequence[AuditEvent], head_and_ids: Sequence[Any]) -
     if tenant_id is None:
         raise RuntimeError(f"tenant {events[0].tenant_id}'s head was not locked with the change")
     if ids:
-        _stored(events, ids)
+        _stored(connection, events, ids)
         chain._holding(tenant_id, seq, head)
     else:
         chain._holding(tenant_id, seq, head)
@@ -387,11 +390,23 @@ def _missed(error: DataError) -> tuple[int, str] | None:
     return (int(found[1]), found[2]) if found else None
 
 
-def _alone(events: Sequence[AuditEvent], send: Callable[[tuple[int, str]], Any]) -> Any:
+def _alone(conn, events: Sequence[AuditEvent], send: Callable[[tuple[int, str]], Any]) -> Any:
     """send(guess) in autocommit, sent again once with the head a miss found; None when it may
-    not (no events, several tenants, inside a transaction, not PostgreSQL, no head seen) or
-    missed twice: the caller then sends the change in a transaction of its own."""
-    if not events or connection.vendor != "postgresql" or connection.in_atomic_block:
+    not (no events, several tenants, inside a transaction, not PostgreSQL, no head seen,
+    parameters bound by the client) or missed twice: the caller then sends the change in a
+    transaction of its own.
+
+    Bound by the client, a statement's values are in its text, and PostgreSQL logs the text of
+    a statement that fails (log_min_error_statement): a miss would put the change's values (an
+    effect's result, a run's output) in the server's log. Bound by the server (config.env's
+    prepared statements, the default) the log has $1, $2, ... instead."""
+    if (
+        not events
+        or conn.vendor != "postgresql"
+        or conn.in_atomic_block
+        or not conn.get_autocommit()
+        or not conn.settings_dict["OPTIONS"].get("server_side_binding")
+    ):
         return None
     tenant_id = events[0].tenant_id
     if any(event.tenant_id != tenant_id for event in events):
@@ -414,29 +429,31 @@ def _alone(events: Sequence[AuditEvent], send: Callable[[tuple[int, str]], Any])
             # A connection lost with the statement is dropped, as atomic() drops one whose
             # rollback failed: the caller's next statement (a task's failure, stored by the
             # task queue) then opens a fresh one instead of failing on the closed one.
-            if not connection.is_usable():
-                connection.close()
+            if not conn.is_usable():
+                conn.close()
             raise
     return None
 
 
-def _events_committed(events: Sequence[AuditEvent], tenant_id, seq, head, ids) -> None:
-    """After a guarded statement that wrote events (ids) and committed: nothing is held."""
+def _events_committed(conn, events: Sequence[AuditEvent], tenant_id, seq, head, ids) -> None:
+    """After a guarded statement that changed rows and committed: its events were written with
+    it (its guard fails it otherwise), and nothing is held."""
     if tenant_id is None or not ids:
-        raise RuntimeError(
-            f"tenant {events[0].tenant_id}'s events were not written with the change"
-        )
-    _stored(events, ids)
+        # Not reached (the guard), and the change has committed: said, not raised, so that
+        # a caller does not take a stored change for a lost one.
+        logger.error("tenant %s: a guarded change committed without its events", tenant_id)
+        return
+    _stored(conn, events, ids)
     chain._saw(tenant_id, seq, head)
     chain._announce(events)
 
 
-def _stored(events: Sequence[AuditEvent], ids: Sequence[int]) -> None:
+def _stored(conn, events: Sequence[AuditEvent], ids: Sequence[int]) -> None:
     """The events are rows now: their pks, in order."""
     for event, pk in zip(events, ids, strict=True):
         event.pk = pk
         event._state.adding = False
-        event._state.db = connection.alias
+        event._state.db = conn.alias
 
 
 def update_queryset_with_events(
@@ -446,17 +463,18 @@ def update_queryset_with_events(
     events commit together or not at all. Outside a transaction on PostgreSQL, when the head is
     where this process last saw it, one statement in autocommit (no BEGIN, no COMMIT); else in a
     transaction of its own. Inside one, part of it (update_queryset_holding_head())."""
+    conn = connections[queryset.db]
     update_sql, params = transitions.update_statement(queryset, **values)
 
     def send(guess: tuple[int, str]) -> int:
-        written = _with_events(connection, events, after="changed", guess=guess)
-        rows = _send_update_with_events(connection, update_sql, params, "1", written, alone=True)
+        written = _with_events(conn, events, after="changed", guess=guess)
+        rows = _send_update_with_events(conn, update_sql, params, "1", written, alone=True)
         if rows:
             ours = [row for row in rows if row[0] is not None]
-            _events_committed(events, *(ours or rows)[0][:4])
+            _events_committed(conn, events, *(ours or rows)[0][:4])
         return len(rows)
 
-    changed = _alone(events, send)
+    changed = _alone(conn, events, send)
     if changed is None:
         with transaction.atomic(using=queryset.db):
             changed = update_queryset_holding_head(queryset, events=events, **values)
@@ -464,27 +482,32 @@ def update_queryset_with_events(
 
 
 def send_pair_with_events(
-    sql: str, params: Sequence[Any], *, events: Sequence[AuditEvent]
+    sql: str,
+    params: Sequence[Any],
+    *,
+    using: str = DEFAULT_DB_ALIAS,
+    events: Sequence[AuditEvent],
 ) -> tuple[int, int]:
     """send_pair_holding_head() anywhere, as update_queryset_with_events() sends its change:
     how many rows each part changed."""
-    head_part = _PAIR_HEAD.format(tenants=connection.ops.quote_name(Tenant._meta.db_table))
+    conn = connections[using]
+    head_part = _PAIR_HEAD.format(tenants=conn.ops.quote_name(Tenant._meta.db_table))
     if not sql.endswith(head_part):
         raise ValueError("not a statement of pair_statement()")
 
     def send(guess: tuple[int, str]) -> tuple[int, int]:
         written = _with_events(
-            connection, events, after="first_changed", before_lock=_PAIR_BEFORE_LOCK, guess=guess
+            conn, events, after="first_changed", before_lock=_PAIR_BEFORE_LOCK, guess=guess
         )
         first_count, then_count, *head_and_ids, _ = _send_pair_with_events(
-            connection, sql[: -len(head_part)], params, written, alone=True
+            conn, sql[: -len(head_part)], params, written, alone=True
         )
         if first_count:
-            _events_committed(events, *head_and_ids)
+            _events_committed(conn, events, *head_and_ids)
         return first_count, then_count
 
-    counts = _alone(events, send)
+    counts = _alone(conn, events, send)
     if counts is None:
-        with transaction.atomic():
-            counts = send_pair_holding_head(sql, params, events=events)
+        with transaction.atomic(using=using):
+            counts = send_pair_holding_head(sql, params, using=using, events=events)
     return counts

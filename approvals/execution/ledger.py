@@ -161,8 +161,8 @@ def perform(
                 outcome=LedgerStatus.DONE,
                 detail={"resource": resource[:200]},
             )
-            # The record's update and its event commit together: one statement of its own
-            # when the head is where this process last saw it, else a transaction of two.
+            # The record's update and its event commit together: one statement of its own,
+            # sent again once when the head had moved, else a transaction of two.
             changes.update_queryset_with_events(
                 IdempotencyRecord.objects.filter(pk=record.pk),
                 events=[done],

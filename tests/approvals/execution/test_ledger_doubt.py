@@ -9,6 +9,7 @@ import hashlib
 import pytest
 from django.db import DatabaseError, transaction
 
+from approvals.audit import chain as audit_chain
 from approvals.execution import ledger
 from approvals.models import AuditEvent, IdempotencyRecord, LedgerStatus, Ticket
 from tests.support import TenantFactory, paused_run
@@ -293,3 +294,40 @@ def test_the_done_events_resource_is_cut_to_200_characters():
         )
 
     assert AuditEvent.objects.get(action="effect.done").detail == {"resource": "r" * 200}
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("seen", ["head seen", "no head seen"])
+def test_a_confirmation_whose_event_cannot_be_written_leaves_the_claim_alone(monkeypatch, seen):
+    """Outside any transaction, as in a resume's tool thread: the confirmation and its event are
+    one statement on PostgreSQL (or one transaction), so an event that cannot be written takes
+    the confirmation with it."""
+    run = paused_run(TenantFactory())
+    ticket = Ticket.objects.get(run=run)
+    scope = scope_of(run, attempt="w4")
+    if seen == "no head seen":
+        monkeypatch.setattr(audit_chain, "_seen", {})
+    events_before = AuditEvent.objects.filter(run=run).count()
+    new_event = audit_chain.new_event
+
+    def unwritable(**fields):
+        event = new_event(**fields)
+        event.action = None  # the column refuses NULL: the event's INSERT fails
+        return event
+
+    monkeypatch.setattr(ledger.audit, "new_event", unwritable)
+    ran = []
+
+    with ledger.resume_scope(scope), pytest.raises(ledger.EffectInDoubt):
+        ledger.perform(
+            ticket.tool_call_id,
+            operation="deploy_release",
+            resource="production",
+            effect=lambda: ran.append(1),
+        )
+
+    assert ran == [1]
+    assert scope.effects == []
+    assert IdempotencyRecord.objects.get(run=run).status == LedgerStatus.CLAIMED
+    assert AuditEvent.objects.filter(run=run).count() == events_before
+    assert audit_chain.verify_chain(run.tenant).ok

@@ -460,9 +460,9 @@ def update_queryset_with_events(
     queryset: QuerySet, *, events: Sequence[AuditEvent], **values: Any
 ) -> int:
     """update_queryset_holding_head() anywhere: how many rows changed. The change and its
-    events commit together or not at all. Outside a transaction on PostgreSQL, when the head is
-    where this process last saw it, one statement in autocommit (no BEGIN, no COMMIT); else in a
-    transaction of its own. Inside one, part of it (update_queryset_holding_head())."""
+    events commit together or not at all. Outside a transaction on PostgreSQL, one statement in
+    autocommit (no BEGIN, no COMMIT), sent again once when the head had moved (_alone); else in
+    a transaction of its own. Inside one, part of it (update_queryset_holding_head())."""
     conn = connections[queryset.db]
     update_sql, params = transitions.update_statement(queryset, **values)
 

@@ -787,9 +787,8 @@ def test_a_change_with_its_event_inside_atomic_keeps_the_order_of_the_appends():
     assert audit.verify_chain(tenant).ok
 
 
-def test_a_change_with_its_event_announces_the_event_once_committed():
-    tenant = TenantFactory(slug="acme")
-    run = paused_run(tenant)
+def _announced(call):
+    """call()'s answer, and the pks of the events announced (audit_event_committed) meanwhile."""
     seen = []
 
     def heard(sender, event, **kwargs):
@@ -797,9 +796,16 @@ def test_a_change_with_its_event_announces_the_event_once_committed():
 
     signals.audit_event_committed.connect(heard)
     try:
-        changed, _, event = _retitle_with_event(run, "moved")
+        return call(), seen
     finally:
         signals.audit_event_committed.disconnect(heard)
+
+
+def test_a_change_with_its_event_announces_the_event_once_committed():
+    tenant = TenantFactory(slug="acme")
+    run = paused_run(tenant)
+
+    (changed, _, event), seen = _announced(lambda: _retitle_with_event(run, "moved"))
 
     assert changed == 1
     assert seen == [event.pk]
@@ -949,18 +955,11 @@ def test_a_change_alone_inside_a_transaction_is_part_of_it():
 def test_a_change_alone_announces_its_event_once():
     tenant = TenantFactory(slug="acme")
     run = paused_run(tenant)
-    seen = []
-
-    def heard(sender, event, **kwargs):
-        seen.append(event.pk)
-
     audit._saw(tenant.pk, 1, "f" * 64)
-    signals.audit_event_committed.connect(heard)
-    try:
-        _, _, _, event = _retitle_alone(run, "moved")
-    finally:
-        signals.audit_event_committed.disconnect(heard)
 
+    (changed, _, _, event), seen = _announced(lambda: _retitle_alone(run, "moved"))
+
+    assert changed == 1
     assert seen == [event.pk]
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from django.db import (
@@ -21,7 +22,7 @@ from django.db import (
     connections,
     transaction,
 )
-from django.db.models import QuerySet
+from django.db.models import BooleanField, QuerySet
 from django.db.models.expressions import RawSQL
 
 from approvals import transitions
@@ -103,17 +104,14 @@ def _changed(sql: str, returning: str) -> str:
     return f"WITH changed AS ({sql} RETURNING tenant_id AS audit_tenant, {returning}), "
 
 
-def _send_update_with_events(conn, sql, params, returning: str, written, *, alone=False):
+def _send_update_with_events(conn, sql, params, returning: str, written):
     """update_holding_head()'s change of sql and its events (written: _with_events'), in one
-    statement; each changed row as (tenant, seq, head, event ids, guard, *returning). alone:
-    the statement fails, undoing all of it, when it would change rows without its events
-    (_guard)."""
+    statement; each changed row as (tenant, seq, head, event ids, NULL, *returning)."""
     ctes, extra = written
     with conn.cursor() as cursor:
         cursor.execute(
             f"{_changed(sql, returning)}{ctes} SELECT moved.id, moved.audit_seq, "
-            "moved.audit_head, (SELECT array_agg(id ORDER BY seq) FROM linked), "
-            f"{_guard('true') if alone else 'NULL'}, changed.* "
+            "moved.audit_head, (SELECT array_agg(id ORDER BY seq) FROM linked), NULL, changed.* "
             "FROM changed LEFT JOIN moved ON moved.id = changed.audit_tenant",
             [*params, *extra],
         )
@@ -285,11 +283,18 @@ def pair_statement(
     *,
     link: str,
     linked_to: str = "pk",
+    guarded: bool = False,
 ) -> tuple[str, list[Any]]:
     """The one PostgreSQL statement of update_pair_holding_head(), and its parameters, unsent:
     for a caller that writes it once per shape (core.statements) and sends it with
     send_pair_holding_head(). Its arguments are update_pair_holding_head()'s, so it also serves
-    as a transitions.UpdatePair writer that returns the statement instead of running it."""
+    as a transitions.UpdatePair writer that returns the statement instead of running it.
+
+    guarded: a statement that send_pair_with_events() may also send alone, whose first update
+    changes rows only while the tenant's head is the events' guess (_precondition); sent in a
+    transaction, as written, it holds always."""
+    if guarded:
+        first = first.filter(_HELD)
     first_sql, first_params = transitions.update_statement(first, **first_values)
     linked = then.filter(**{f"{link}__in": RawSQL("SELECT audit_linked FROM first_changed", ())})
     then_sql, then_params = transitions.update_statement(linked, **then_values)
@@ -297,7 +302,8 @@ def pair_statement(
     meta = first.model._meta
     key = quote((meta.pk if linked_to == "pk" else meta.get_field(linked_to)).column)
     statement = (
-        f"WITH first_changed AS ({first_sql} RETURNING {key} AS audit_linked, "
+        f"{_ALWAYS_HELD if guarded else 'WITH '}"
+        f"first_changed AS ({first_sql} RETURNING {key} AS audit_linked, "
         "tenant_id AS audit_tenant), "
         f"then_changed AS ({then_sql} RETURNING 1), "
         + _PAIR_HEAD.format(tenants=quote(Tenant._meta.db_table))
@@ -324,7 +330,7 @@ def send_pair_holding_head(
         raise ValueError("not a statement of pair_statement()")
     written = _with_events(conn, events, after="first_changed", before_lock=_PAIR_BEFORE_LOCK)
     if written is not None:
-        first_count, then_count, *head_and_ids, _ = _send_pair_with_events(
+        first_count, then_count, *head_and_ids = _send_pair_with_events(
             conn, sql[: -len(head_part)], params, written
         )
         if first_count:
@@ -339,18 +345,23 @@ def send_pair_holding_head(
     return rows[0][0], rows[0][1]
 
 
-def _send_pair_with_events(conn, pair_sql: str, params, written, *, alone=False) -> tuple:
+def _send_pair_with_events(conn, pair_sql: str, params, written, *, pre=None) -> tuple:
     """pair_statement()'s statement up to its head (pair_sql) with the events (written:
-    _with_events'), sent: (first's count, then's count, tenant, seq, head, event ids, guard).
-    alone: as _send_update_with_events'."""
+    _with_events'), sent: (first's count, then's count, tenant, seq, head, event ids). pre:
+    _precondition()'s (a statement of pair_statement(guarded=True) sent alone), with which the
+    statement also fails when it would change rows without its events (_guard), and the row
+    ends with _Pre's columns."""
     ctes, extra = written
+    guarded = ""
+    if pre is not None:
+        pair_sql, params = _with_precondition(pair_sql, params, pre)
+        guarded = f", {_guard('EXISTS (SELECT 1 FROM first_changed)')}, {_PRE_COLUMNS}"
     with conn.cursor() as cursor:
         cursor.execute(
             f"{pair_sql}{ctes} "
             "SELECT (SELECT count(*) FROM first_changed), (SELECT count(*) FROM then_changed), "
             "moved.id, moved.audit_seq, moved.audit_head, "
-            "(SELECT array_agg(id ORDER BY seq) FROM linked), "
-            f"{_guard('EXISTS (SELECT 1 FROM first_changed)') if alone else 'NULL'} "
+            f"(SELECT array_agg(id ORDER BY seq) FROM linked){guarded} "
             "FROM (SELECT 1) AS one LEFT JOIN moved ON true",
             [*params, *extra],
         )
@@ -363,13 +374,69 @@ def _send_pair_with_events(conn, pair_sql: str, params, written, *, alone=False)
 # A change whose transaction holds nothing else (a run's end, an effect's confirmation) needs no
 # transaction of its own when it goes in one statement with its events: in autocommit the
 # statement is its own transaction, so BEGIN and COMMIT, two round trips of three, go. Only if a
-# wrong guess writes nothing at all: a statement that would change rows without writing their
-# events (the head was not the guess under the tenant's lock) fails instead (_guard), which
-# undoes every part of it, and names the head it found. The change is sent again linked to that
-# head, and after a second miss in a transaction of its own, as update_holding_head() does.
+# wrong guess writes nothing at all. So the change's rows are changed only while the tenant's
+# head, as the statement's snapshot reads it, is the guess (_precondition): a head that another
+# writer moved before the statement began leaves everything as it was, and the statement names
+# the head it read. A head moved by a writer whose event commits while the statement waits for
+# the tenant's lock is seen only under that lock, where a statement that would change rows
+# without writing their events fails instead (_guard), which undoes every part of it, and
+# names the head it found. Either way the change is sent again linked to that head, and after
+# a second miss in a transaction of its own, as update_holding_head() does.
+
+# The precondition's CTE as a statement of pair_statement(guarded=True) is written, which a
+# transaction sends as it is: the tenant's head always counts as the guess there (the events are
+# linked under the lock). Sent alone, the real one (_precondition) takes its place.
+_ALWAYS_HELD = (
+    "WITH audit_pre AS (SELECT true AS held, NULL::bigint AS audit_seq, "
+    "NULL::varchar AS audit_head), "
+)
+# The condition on the change's rows: the precondition holds.
+_HELD = RawSQL("EXISTS (SELECT 1 FROM audit_pre WHERE audit_pre.held)", (), BooleanField())
+# The precondition's answer, at the end of the statement's row: whether it held, and the head it
+# read.
+_PRE_COLUMNS = (
+    "(SELECT held FROM audit_pre), (SELECT audit_seq FROM audit_pre), "
+    "(SELECT audit_head FROM audit_pre)"
+)
+
+
+def _precondition(conn, tenant_id: int, guess: tuple[int, str]) -> tuple[str, list[Any]]:
+    """The CTE audit_pre that says whether the tenant's head, in the statement's snapshot (no
+    lock), is the guess, and what it is; with its parameters."""
+    seq, head = guess
+    return (
+        "WITH audit_pre AS (SELECT audit_seq = %s AND audit_head = %s AS held, audit_seq, "
+        f"audit_head FROM {conn.ops.quote_name(Tenant._meta.db_table)} WHERE id = %s), ",
+        [seq, head, tenant_id],
+    )
+
+
+def _with_precondition(sql: str, params: Sequence[Any], pre) -> tuple[str, list[Any]]:
+    """A statement written with _ALWAYS_HELD, with the precondition pre in its place."""
+    if not sql.startswith(_ALWAYS_HELD):
+        raise ValueError("not a statement written with a precondition (guarded)")
+    pre_sql, pre_params = pre
+    return pre_sql + sql[len(_ALWAYS_HELD) :], [*pre_params, *params]
+
+
+@dataclass(frozen=True)
+class _Moved:
+    """A change sent alone whose precondition did not hold: nothing was written, and the head
+    the statement read instead of its guess (None: the tenant has no row)."""
+
+    head: tuple[int, str] | None
+
+
+def _pre_answer(held, seq, head) -> _Moved | None:
+    """_PRE_COLUMNS' answer: None when the precondition held, else the head it read."""
+    if held:
+        return None
+    return _Moved(None if seq is None else (int(seq), head))
+
 
 # The guard's text, in PostgreSQL's log as `ERROR: invalid input syntax for type integer: "..."`
-# (docs/RELIABILITY.md): expected when another writer appended since this process saw the head.
+# (docs/RELIABILITY.md): only when another writer's event committed while the statement waited
+# for the tenant's lock.
 _MISSED = "approvals audit head moved, nothing written, sent again at "
 _MISSED_HEAD = re.compile(re.escape(_MISSED) + r"(\d+):([0-9a-f]*)")
 
@@ -390,16 +457,17 @@ def _missed(error: DataError) -> tuple[int, str] | None:
     return (int(found[1]), found[2]) if found else None
 
 
-def _alone(conn, events: Sequence[AuditEvent], send: Callable[[tuple[int, str]], Any]) -> Any:
-    """send(guess) in autocommit, sent again once with the head a miss found; None when it may
-    not (no events, several tenants, inside a transaction, not PostgreSQL, no head seen,
+def _alone(conn, events: Sequence[AuditEvent], send: Callable[[tuple[int, str], Any], Any]) -> Any:
+    """send(guess, pre) in autocommit, pre the precondition that the head is guess, sent again
+    once with the head a miss read (send's _Moved) or found (its guard's error); None when it
+    may not (no events, several tenants, inside a transaction, not PostgreSQL, no head seen,
     parameters bound by the client) or missed twice: the caller then sends the change in a
     transaction of its own.
 
     Bound by the client, a statement's values are in its text, and PostgreSQL logs the text of
-    a statement that fails (log_min_error_statement): a miss would put the change's values (an
-    effect's result, a run's output) in the server's log. Bound by the server (config.env's
-    prepared statements, the default) the log has $1, $2, ... instead."""
+    a statement that fails (log_min_error_statement): a guard's miss would put the change's
+    values (an effect's result, a run's output) in the server's log. Bound by the server
+    (config.env's prepared statements, the default) the log has $1, $2, ... instead."""
     if (
         not events
         or conn.vendor != "postgresql"
@@ -416,15 +484,13 @@ def _alone(conn, events: Sequence[AuditEvent], send: Callable[[tuple[int, str]],
         if guess is None:
             return None
         try:
-            return send(guess)
+            sent = send(guess, _precondition(conn, tenant_id, guess))
         except DataError as error:
             if _MISSED not in str(error):
                 raise
             # None when the statement locked no head of the events' tenant: the transaction
             # of its own says why.
-            guess = _missed(error)
-            if guess is not None:
-                chain._saw(tenant_id, *guess)
+            sent = _Moved(_missed(error))
         except DatabaseError:
             # A connection lost with the statement is dropped, as atomic() drops one whose
             # rollback failed: the caller's next statement (a task's failure, stored by the
@@ -432,6 +498,11 @@ def _alone(conn, events: Sequence[AuditEvent], send: Callable[[tuple[int, str]],
             if not conn.is_usable():
                 conn.close()
             raise
+        if not isinstance(sent, _Moved):
+            return sent
+        guess = sent.head
+        if guess is not None:
+            chain._saw(tenant_id, *guess)
     return None
 
 
@@ -456,6 +527,34 @@ def _stored(conn, events: Sequence[AuditEvent], ids: Sequence[int]) -> None:
         event._state.db = conn.alias
 
 
+def _send_update_alone(conn, sql: str, params, written, pre) -> list[tuple] | _Moved:
+    """update_queryset_with_events()'s change alone: sql (its UPDATE, written with _HELD), its
+    events (written: _with_events') and the precondition pre, in one statement, which fails
+    when it would change rows without its events (_guard). Each changed row as (tenant, seq,
+    head, event ids), or _Moved when the precondition did not hold (nothing changed)."""
+    ctes, extra = written
+    pre_sql, pre_params = pre
+    with conn.cursor() as cursor:
+        cursor.execute(
+            f"{pre_sql}{_changed(sql, '1')[len('WITH ') :]}{ctes} "
+            "SELECT moved.id, moved.audit_seq, moved.audit_head, "
+            "(SELECT array_agg(id ORDER BY seq) FROM linked), "
+            f"{_guard('changed.audit_tenant IS NOT NULL')}, "
+            "audit_pre.held, audit_pre.audit_seq, audit_pre.audit_head, changed.audit_tenant "
+            # A row even when nothing changed: the precondition's answer.
+            "FROM audit_pre LEFT JOIN (changed LEFT JOIN moved "
+            "ON moved.id = changed.audit_tenant) ON true",
+            [*pre_params, *params, *extra],
+        )
+        rows = cursor.fetchall()
+    if not rows:
+        return _Moved(None)
+    changed = [row[:4] for row in rows if row[8] is not None]
+    if not changed:
+        return _pre_answer(*rows[0][5:8]) or []
+    return changed
+
+
 def update_queryset_with_events(
     queryset: QuerySet, *, events: Sequence[AuditEvent], **values: Any
 ) -> int:
@@ -464,14 +563,16 @@ def update_queryset_with_events(
     autocommit (no BEGIN, no COMMIT), sent again once when the head had moved (_alone); else in
     a transaction of its own. Inside one, part of it (update_queryset_holding_head())."""
     conn = connections[queryset.db]
-    update_sql, params = transitions.update_statement(queryset, **values)
 
-    def send(guess: tuple[int, str]) -> int:
+    def send(guess: tuple[int, str], pre) -> int | _Moved:
+        update_sql, params = transitions.update_statement(queryset.filter(_HELD), **values)
         written = _with_events(conn, events, after="changed", guess=guess)
-        rows = _send_update_with_events(conn, update_sql, params, "1", written, alone=True)
+        rows = _send_update_alone(conn, update_sql, params, written, pre)
+        if isinstance(rows, _Moved):
+            return rows
         if rows:
             ours = [row for row in rows if row[0] is not None]
-            _events_committed(conn, events, *(ours or rows)[0][:4])
+            _events_committed(conn, events, *(ours or rows)[0])
         return len(rows)
 
     changed = _alone(conn, events, send)
@@ -489,22 +590,23 @@ def send_pair_with_events(
     events: Sequence[AuditEvent],
 ) -> tuple[int, int]:
     """send_pair_holding_head() anywhere, as update_queryset_with_events() sends its change:
-    how many rows each part changed."""
+    how many rows each part changed. sql: a statement of pair_statement(guarded=True)."""
     conn = connections[using]
     head_part = _PAIR_HEAD.format(tenants=conn.ops.quote_name(Tenant._meta.db_table))
-    if not sql.endswith(head_part):
-        raise ValueError("not a statement of pair_statement()")
+    if not sql.endswith(head_part) or not sql.startswith(_ALWAYS_HELD):
+        raise ValueError("not a statement of pair_statement(guarded=True)")
 
-    def send(guess: tuple[int, str]) -> tuple[int, int]:
+    def send(guess: tuple[int, str], pre) -> tuple[int, int] | _Moved:
         written = _with_events(
             conn, events, after="first_changed", before_lock=_PAIR_BEFORE_LOCK, guess=guess
         )
-        first_count, then_count, *head_and_ids, _ = _send_pair_with_events(
-            conn, sql[: -len(head_part)], params, written, alone=True
+        first_count, then_count, *head_and_ids, _, held, seq, head = _send_pair_with_events(
+            conn, sql[: -len(head_part)], params, written, pre=pre
         )
         if first_count:
             _events_committed(conn, events, *head_and_ids)
-        return first_count, then_count
+            return first_count, then_count
+        return _pre_answer(held, seq, head) or (first_count, then_count)
 
     counts = _alone(conn, events, send)
     if counts is None:

@@ -266,7 +266,9 @@ def finish(run: Run, *, status: str, reason: str = "", final_output: str = "", a
     if connection.vendor == "postgresql":
         sql, params = statements.statement(
             ("lease.finish", run.status, status),
-            lambda v: _ending(v, run.status, status, write=changes.pair_statement),
+            lambda v: _ending(
+                v, run.status, status, write=functools.partial(changes.pair_statement, guarded=True)
+            ),
             values,
         )
         stored, _ = changes.send_pair_with_events(sql, params, events=[ended])

@@ -724,8 +724,9 @@ def test_a_pair_and_its_event():
     _linked_last(tenant, event)
 
 
+@pytest.mark.parametrize("guarded", [False, True])
 @pytest.mark.parametrize("guess", ["seen", "moved on"])
-def test_a_pair_sent_with_its_events_writes_them_whatever_the_guess(guess):
+def test_a_pair_sent_with_its_events_writes_them_whatever_the_guess(guess, guarded):
     tenant = TenantFactory(slug="acme")
     run = paused_run(tenant)
     if guess == "moved on":
@@ -740,6 +741,8 @@ def test_a_pair_sent_with_its_events_writes_them_whatever_the_guess(guess):
                 Ticket.objects.filter(run=run, status=TicketStatus.PENDING),
                 {"status": TicketStatus.SUPERSEDED},
                 link="run_id",
+                # In a transaction a guarded statement's precondition always holds.
+                guarded=guarded,
             )
             changed = changes.send_pair_holding_head(sql, params, events=events)
         else:
@@ -846,36 +849,78 @@ def test_a_change_with_its_event_alone_is_one_statement_and_no_transaction():
 
 
 @POSTGRES_ONLY
-def test_a_change_alone_whose_guess_missed_is_sent_again_linked_to_the_head_it_found():
+def test_a_change_alone_whose_guess_missed_is_sent_again_linked_to_the_head_it_read(monkeypatch):
     tenant = TenantFactory(slug="acme")
     run = paused_run(tenant)
     # As if another process had appended since this one last saw the head.
     audit._saw(tenant.pk, 1, "f" * 64)
+    guards = []
+    monkeypatch.setattr(changes, "_missed", lambda error: guards.append(error))
 
     changed, statements, commits, event = _retitle_alone(run, "moved")
 
     assert changed == 1
-    # The first failed (its guard), having changed nothing; the second wrote both.
+    # The first changed nothing (its precondition), without an error; the second wrote both.
     assert len(statements) == 2, statements
+    assert guards == []
     assert commits == 0
     assert Run.objects.get(pk=run.pk).title == "moved"
     assert AuditEvent.objects.filter(tenant=tenant, outcome="moved").count() == 1
     _linked_last(tenant, event)
 
 
+def _send_alone(run, *, guess: tuple[int, str], precondition: tuple[int, str]):
+    """The ledger's statement alone, its event linked to guess, its precondition that the head
+    is `precondition`."""
+    update_sql, params = transitions.update_statement(
+        Run.objects.filter(pk=run.pk).filter(changes._HELD), title="x"
+    )
+    written = changes._with_events(
+        connection, [_event(run.tenant, "x")], after="changed", guess=guess
+    )
+    pre = changes._precondition(connection, run.tenant_id, precondition)
+    return changes._send_update_alone(connection, update_sql, params, written, pre)
+
+
 @POSTGRES_ONLY
-def test_a_guarded_statement_whose_guess_missed_changes_nothing_and_names_the_head():
+def test_a_change_alone_whose_head_moved_before_it_began_changes_nothing_and_reads_the_head():
     tenant = TenantFactory(slug="acme")
     run = paused_run(tenant)
     head = Tenant.objects.values_list("audit_seq", "audit_head").get(pk=tenant.pk)
     events = AuditEvent.objects.filter(tenant=tenant).count()
-    update_sql, params = transitions.update_statement(Run.objects.filter(pk=run.pk), title="x")
-    written = changes._with_events(
-        connection, [_event(tenant, "x")], after="changed", guess=(1, "f" * 64)
-    )
+
+    # No error: the precondition read another head in the statement's snapshot.
+    sent = _send_alone(run, guess=(1, "f" * 64), precondition=(1, "f" * 64))
+
+    assert sent == changes._Moved(head)
+    assert Run.objects.get(pk=run.pk).title == run.title
+    assert AuditEvent.objects.filter(tenant=tenant).count() == events
+    assert Tenant.objects.values_list("audit_seq", "audit_head").get(pk=tenant.pk) == head
+
+
+@POSTGRES_ONLY
+def test_a_change_alone_that_changes_no_row_answers_none_whether_its_head_held_or_not():
+    tenant = TenantFactory(slug="acme")
+    run = paused_run(tenant)
+    head = Tenant.objects.values_list("audit_seq", "audit_head").get(pk=tenant.pk)
+    no_such_run = Run(pk=run.pk + 10_000, tenant=tenant)
+
+    assert _send_alone(no_such_run, guess=head, precondition=head) == []
+    assert _send_alone(no_such_run, guess=head, precondition=(1, "f" * 64)) == changes._Moved(head)
+    assert Tenant.objects.values_list("audit_seq", "audit_head").get(pk=tenant.pk) == head
+
+
+@POSTGRES_ONLY
+def test_a_guarded_statement_whose_guess_missed_under_the_lock_changes_nothing_and_names_the_head():
+    """The precondition held (as it does when the head moves while the statement waits for the
+    tenant's lock), but the events' guess is not the head under the lock: the guard fails it."""
+    tenant = TenantFactory(slug="acme")
+    run = paused_run(tenant)
+    head = Tenant.objects.values_list("audit_seq", "audit_head").get(pk=tenant.pk)
+    events = AuditEvent.objects.filter(tenant=tenant).count()
 
     with pytest.raises(DataError) as raised:
-        changes._send_update_with_events(connection, update_sql, params, "1", written, alone=True)
+        _send_alone(run, guess=(1, "f" * 64), precondition=head)
 
     assert changes._missed(raised.value) == head
     assert Run.objects.get(pk=run.pk).title == run.title
@@ -887,8 +932,8 @@ def test_a_change_alone_that_misses_twice_goes_in_a_transaction_of_its_own(monke
     tenant = TenantFactory(slug="acme")
     run = paused_run(tenant)
     audit._saw(tenant.pk, 1, "f" * 64)
-    # As if another process appended again before each sending: every head found is stale.
-    monkeypatch.setattr(changes, "_missed", lambda error: (1, "e" * 64))
+    # As if another process appended again before each sending: every head read is stale.
+    monkeypatch.setattr(changes, "_pre_answer", lambda *answer: changes._Moved((1, "e" * 64)))
 
     changed, statements, commits, event = _retitle_alone(run, "moved")
 
@@ -964,11 +1009,13 @@ def test_a_change_alone_announces_its_event_once():
 
 
 @pytest.mark.parametrize("guess", ["seen", "moved on"])
-def test_a_pair_alone_writes_both_changes_and_the_event_whatever_the_guess(guess):
+def test_a_pair_alone_writes_both_changes_and_the_event_whatever_the_guess(guess, monkeypatch):
     tenant = TenantFactory(slug="acme")
     run = paused_run(tenant)
     if guess == "moved on":
         audit._saw(tenant.pk, 1, "f" * 64)
+    guards = []
+    monkeypatch.setattr(changes, "_missed", lambda error: guards.append(error))
     event = _event(tenant, "ended")
     first = Run.objects.filter(pk=run.pk)
     then = Ticket.objects.filter(run=run, status=TicketStatus.PENDING)
@@ -976,7 +1023,12 @@ def test_a_pair_alone_writes_both_changes_and_the_event_whatever_the_guess(guess
     with queries.counting() as counts:
         if connection.vendor == "postgresql":
             sql, params = changes.pair_statement(
-                first, {"title": "ended"}, then, {"status": TicketStatus.SUPERSEDED}, link="run_id"
+                first,
+                {"title": "ended"},
+                then,
+                {"status": TicketStatus.SUPERSEDED},
+                link="run_id",
+                guarded=True,
             )
             changed = changes.send_pair_with_events(sql, params, events=[event])
         else:
@@ -993,8 +1045,28 @@ def test_a_pair_alone_writes_both_changes_and_the_event_whatever_the_guess(guess
     assert changed == (1, 1)
     if connection.vendor == "postgresql":
         assert (counts["main"], counts["commits"]) == ({"seen": 1, "moved on": 2}[guess], 0)
+        # A miss read before the statement began changes nothing and fails nothing.
+        assert guards == []
     assert Ticket.objects.get(run=run).status == TicketStatus.SUPERSEDED
     _linked_last(tenant, event)
+
+
+@POSTGRES_ONLY
+def test_a_pair_alone_is_refused_a_statement_written_without_its_precondition():
+    tenant = TenantFactory(slug="acme")
+    run = paused_run(tenant)
+    sql, params = changes.pair_statement(
+        Run.objects.filter(pk=run.pk),
+        {"title": "ended"},
+        Ticket.objects.filter(run=run, status=TicketStatus.PENDING),
+        {"status": TicketStatus.SUPERSEDED},
+        link="run_id",
+    )
+
+    with pytest.raises(ValueError, match="guarded"):
+        changes.send_pair_with_events(sql, params, events=[_event(tenant, "ended")])
+
+    assert Run.objects.get(pk=run.pk).title == run.title
 
 
 @POSTGRES_ONLY
@@ -1008,6 +1080,7 @@ def test_a_pair_alone_whose_first_update_changes_nothing_writes_nothing():
         Ticket.objects.filter(run=run, status=TicketStatus.PENDING),
         {"status": TicketStatus.SUPERSEDED},
         link="run_id",
+        guarded=True,
     )
 
     changed = changes.send_pair_with_events(sql, params, events=[_event(tenant, "ended")])
@@ -1083,7 +1156,7 @@ def test_a_change_alone_that_waited_for_another_writers_lock_links_its_event_aft
     # The other writer's, counted too: the change's statements committed on their own.
     assert commits == 1
     # Its statements only (the other writer's append is counted too).
-    assert len([sql for sql in statements if sql.startswith("WITH changed AS")]) == 2, statements
+    assert len([sql for sql in statements if sql.startswith("WITH audit_pre AS")]) == 2, statements
     assert _outcomes(tenant)[-2:] == ["between", "moved"]
     assert Run.objects.get(pk=run.pk).title == "moved"
     _linked_last(tenant, event)

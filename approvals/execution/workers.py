@@ -81,6 +81,25 @@ def claim_next(*, backend_name: str, queue_names: list[str], worker_id: str) -> 
     return None if row is None else statements.row_object(DBTaskResult, row, using=using)
 
 
+def keep_if_usable(conn) -> None:
+    """After a task, whose next claim follows at once: the thread keeps its connection (no
+    borrow from the pool, and no check of it, a round trip) unless the task left it in a
+    transaction or broke it. close_old_connections()' checks, without the age that returns a
+    pooled connection (CONN_MAX_AGE 0) after every use; a worker hands it back while idle.
+
+    Side effects: a connection left in a transaction or unusable after an error is closed (to
+    the pool, which discards a broken one); one that had an error but answers is kept."""
+    if conn.connection is None:
+        return
+    if conn.in_atomic_block or conn.get_autocommit() != conn.settings_dict["AUTOCOMMIT"]:
+        conn.close()
+    elif conn.errors_occurred:
+        if conn.is_usable():
+            conn.errors_occurred = False
+        else:
+            conn.close()
+
+
 def stale_after() -> timedelta:
     """How long a worker may go unseen before its RUNNING task rows are settled."""
     return STALE_LEASES * timedelta(

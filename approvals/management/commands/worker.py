@@ -38,7 +38,7 @@ from contextlib import contextmanager
 import psycopg
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
-from django.db import close_old_connections, connection
+from django.db import DatabaseError, close_old_connections, connection
 from django.utils.crypto import get_random_string
 from django_tasks_db.compat import DEFAULT_TASK_BACKEND_ALIAS, DEFAULT_TASK_QUEUE_NAME
 from django_tasks_db.management.commands import db_worker
@@ -182,29 +182,50 @@ class ResumePool(db_worker.Worker):
     def run(self) -> None:
         logger.info("Starting worker worker_id=%s queues=%s", self.worker_id, self.queue_names)
         self.activity.attach()
+        close_old_connections()
         while self.running:
-            # Dropped or expired connections are seen to on waking, as db_worker does.
-            close_old_connections()
             # A SIGTERM during the claim waits for it, as for a task: a claim cut short could
             # leave a task RUNNING that nobody runs (until the reaper settles it).
             self.running_task = True
             try:
-                task_result = workers.claim_next(
-                    backend_name=self.backend_name,
-                    queue_names=self.queue_names,
-                    worker_id=self.worker_id,
-                )
+                task_result = self.claim()
             finally:
                 self.running_task = False
             if task_result is not None:
                 self.run_task(task_result)
+                # The next claim follows at once: its connection is this one, unless the task
+                # broke it, rather than one borrowed from the pool and checked again.
+                workers.keep_if_usable(connection)
             if self.max_tasks is not None and self._run_tasks >= self.max_tasks:
                 logger.info("Ran %d tasks on worker %s; exiting", self._run_tasks, self.worker_id)
+                close_old_connections()
                 return
-            close_old_connections()
             # A SIGTERM during the task cleared running: stop now, without waiting.
             if self.running and task_result is None:
+                # Handed back while idle; dropped or expired connections are seen to on
+                # waking (the pool checks the next one it lends), as db_worker does.
+                close_old_connections()
                 self.wait()
+        close_old_connections()
+
+    def claim(self) -> DBTaskResult | None:
+        """workers.claim_next() for this pool. A connection kept from the last task that fails
+        the claim (closed by the server since) is dropped, and the claim sent once more on a
+        connection the pool has checked."""
+        kept = connection.connection is not None
+        try:
+            return self._claim_next()
+        except DatabaseError:
+            if not kept or connection.is_usable():
+                raise
+            logger.warning("worker: the kept connection failed; claiming again on a fresh one")
+            connection.close()
+            return self._claim_next()
+
+    def _claim_next(self) -> DBTaskResult | None:
+        return workers.claim_next(
+            backend_name=self.backend_name, queue_names=self.queue_names, worker_id=self.worker_id
+        )
 
     def wait(self) -> None:
         if self.listener is not None:

@@ -6,14 +6,15 @@ from __future__ import annotations
 import threading
 import time
 
+import psycopg
 import pytest
 from django.core.management import CommandError, call_command
-from django.db import transaction
+from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
 
 from approvals.audit import chain as audit
 from approvals.execution import queue
 from approvals.management.commands import worker
-from approvals.models import Role
+from approvals.models import Role, Tenant
 from notifications.deliveries import deliver_webhook_task
 from notifications.models import FanOutCursor
 from tests.notifications.conftest import caught_up, make_endpoint
@@ -194,6 +195,100 @@ def test_the_resume_pool_claims_as_it_runs_a_task_so_a_sigterm_waits_for_the_cla
 
     assert seen == [True]
     assert pool.running_task is False
+
+
+def _counting_connects(monkeypatch) -> list[int]:
+    """Each time the main thread's connection opens (borrows from the pool, checked)."""
+    opened = []
+    wrapper = connections[DEFAULT_DB_ALIAS]
+    connect = wrapper.connect
+
+    def counted():
+        opened.append(1)
+        connect()
+
+    monkeypatch.setattr(wrapper, "connect", counted)
+    return opened
+
+
+def _run_tasks(monkeypatch, runs, task) -> list[int]:
+    """The resume pool run over one task per run id, each given to task(run_id) instead of
+    resumed; the run ids in the order they ran."""
+    for run_id in runs:
+        queue.resume_run_task.enqueue(run_id)
+    pool = _resume_pool(max_tasks=len(runs))
+    ran = []
+
+    def run_task(task_result):
+        (run_id,) = task_result.args_kwargs["args"]
+        ran.append(run_id)
+        task(run_id)
+        pool._run_tasks += 1
+
+    monkeypatch.setattr(pool, "run_task", run_task)
+    monkeypatch.setattr(pool, "wait", lambda: pytest.fail("a task was ready"))
+    pool.run()
+    return ran
+
+
+def _query(run_id) -> None:
+    Tenant.objects.filter(pk=run_id).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_resume_pool_keeps_its_connection_from_a_task_to_the_next_claim(monkeypatch):
+    opened = _counting_connects(monkeypatch)
+
+    ran = _run_tasks(monkeypatch, [1, 2, 3], _query)
+
+    assert ran == [1, 2, 3]
+    # One connection for three claims and their tasks, handed back when the pool stops.
+    assert len(opened) == 1
+    assert connection.connection is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_task_that_leaves_a_transaction_open_has_its_connection_closed_before_the_next_claim(
+    monkeypatch,
+):
+    opened = _counting_connects(monkeypatch)
+
+    def left_open(run_id) -> None:
+        if run_id == 1:
+            transaction.set_autocommit(False)
+            _query(run_id)
+
+    ran = _run_tasks(monkeypatch, [1, 2], left_open)
+
+    assert ran == [1, 2]
+    assert len(opened) == 2
+    assert connection.get_autocommit()
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="a server that drops a connection")
+@pytest.mark.django_db(transaction=True)
+def test_a_kept_connection_the_server_dropped_is_replaced_and_the_claim_sent_again(
+    monkeypatch, caplog
+):
+    opened = _counting_connects(monkeypatch)
+
+    def dropped_by_the_server(run_id) -> None:
+        if run_id != 1:
+            return
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid()")
+            (pid,) = cursor.fetchone()
+        params = connection.get_connection_params()
+        params.pop("cursor_factory", None)
+        params.pop("context", None)
+        with psycopg.connect(**params, autocommit=True) as other:
+            other.execute("SELECT pg_terminate_backend(%s)", [pid])
+
+    ran = _run_tasks(monkeypatch, [1, 2], dropped_by_the_server)
+
+    assert ran == [1, 2]
+    assert len(opened) == 2
+    assert "claiming again on a fresh one" in caplog.text
 
 
 # --- resumes first ----------------------------------------------------------------------------

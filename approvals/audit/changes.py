@@ -294,7 +294,7 @@ def pair_statement(
     changes rows only while the tenant's head is the events' guess (_precondition); sent in a
     transaction, as written, it holds always."""
     if guarded:
-        first = first.filter(_HELD)
+        first = first.filter(HEAD_AS_GUESSED)
     first_sql, first_params = transitions.update_statement(first, **first_values)
     linked = then.filter(**{f"{link}__in": RawSQL("SELECT audit_linked FROM first_changed", ())})
     then_sql, then_params = transitions.update_statement(linked, **then_values)
@@ -391,7 +391,9 @@ _ALWAYS_HELD = (
     "NULL::varchar AS audit_head), "
 )
 # The condition on the change's rows: the precondition holds.
-_HELD = RawSQL("EXISTS (SELECT 1 FROM audit_pre WHERE audit_pre.held)", (), BooleanField())
+HEAD_AS_GUESSED = RawSQL(
+    "EXISTS (SELECT 1 FROM audit_pre WHERE audit_pre.held)", (), BooleanField()
+)
 # The precondition's answer, at the end of the statement's row: whether it held, and the head it
 # read.
 _PRE_COLUMNS = (
@@ -468,13 +470,7 @@ def _alone(conn, events: Sequence[AuditEvent], send: Callable[[tuple[int, str], 
     a statement that fails (log_min_error_statement): a guard's miss would put the change's
     values (an effect's result, a run's output) in the server's log. Bound by the server
     (config.env's prepared statements, the default) the log has $1, $2, ... instead."""
-    if (
-        not events
-        or conn.vendor != "postgresql"
-        or conn.in_atomic_block
-        or not conn.get_autocommit()
-        or not conn.settings_dict["OPTIONS"].get("server_side_binding")
-    ):
+    if not events or not _may_go_alone(conn):
         return None
     tenant_id = events[0].tenant_id
     if any(event.tenant_id != tenant_id for event in events):
@@ -506,6 +502,17 @@ def _alone(conn, events: Sequence[AuditEvent], send: Callable[[tuple[int, str], 
     return None
 
 
+def _may_go_alone(conn) -> bool:
+    """Whether a change may be sent alone on this connection (_alone's conditions but the
+    events'): PostgreSQL, no transaction, parameters bound by the server."""
+    return (
+        conn.vendor == "postgresql"
+        and not conn.in_atomic_block
+        and conn.get_autocommit()
+        and bool(conn.settings_dict["OPTIONS"].get("server_side_binding"))
+    )
+
+
 def _events_committed(conn, events: Sequence[AuditEvent], tenant_id, seq, head, ids) -> None:
     """After a guarded statement that changed rows and committed: its events were written with
     it (its guard fails it otherwise), and nothing is held."""
@@ -527,20 +534,20 @@ def _stored(conn, events: Sequence[AuditEvent], ids: Sequence[int]) -> None:
         event._state.db = conn.alias
 
 
-def _send_update_alone(conn, sql: str, params, written, pre) -> list[tuple] | _Moved:
-    """update_queryset_with_events()'s change alone: sql (its UPDATE, written with _HELD), its
-    events (written: _with_events') and the precondition pre, in one statement, which fails
-    when it would change rows without its events (_guard). Each changed row as (tenant, seq,
-    head, event ids), or _Moved when the precondition did not hold (nothing changed)."""
+def _send_update_alone(conn, sql: str, params, returning: str, written, pre):
+    """update_alone()'s statement: sql (an UPDATE written with HEAD_AS_GUESSED), its events
+    (written: _with_events') and the precondition pre, in one statement, which fails when it
+    would change rows without its events (_guard). Each changed row as (tenant, seq, head,
+    event ids, *returning), or _Moved when the precondition did not hold (nothing changed)."""
     ctes, extra = written
     pre_sql, pre_params = pre
     with conn.cursor() as cursor:
         cursor.execute(
-            f"{pre_sql}{_changed(sql, '1')[len('WITH ') :]}{ctes} "
+            f"{pre_sql}{_changed(sql, returning)[len('WITH ') :]}{ctes} "
             "SELECT moved.id, moved.audit_seq, moved.audit_head, "
             "(SELECT array_agg(id ORDER BY seq) FROM linked), "
             f"{_guard('changed.audit_tenant IS NOT NULL')}, "
-            "audit_pre.held, audit_pre.audit_seq, audit_pre.audit_head, changed.audit_tenant "
+            "audit_pre.held, audit_pre.audit_seq, audit_pre.audit_head, changed.* "
             # A row even when nothing changed: the precondition's answer.
             "FROM audit_pre LEFT JOIN (changed LEFT JOIN moved "
             "ON moved.id = changed.audit_tenant) ON true",
@@ -549,10 +556,41 @@ def _send_update_alone(conn, sql: str, params, written, pre) -> list[tuple] | _M
         rows = cursor.fetchall()
     if not rows:
         return _Moved(None)
-    changed = [row[:4] for row in rows if row[8] is not None]
+    changed = [(*row[:4], *row[9:]) for row in rows if row[8] is not None]
     if not changed:
         return _pre_answer(*rows[0][5:8]) or []
     return changed
+
+
+def update_alone(
+    sql: str,
+    params: Sequence[Any],
+    *,
+    returning: str,
+    events: Sequence[AuditEvent],
+    using: str = DEFAULT_DB_ALIAS,
+) -> list[tuple] | None:
+    """sql, an UPDATE of rows of the events' tenant written with the condition HEAD_AS_GUESSED,
+    and the events that record it, in one statement committed alone (_alone): `returning`
+    (SQL) of each row it changed, its events written with it; [] when it changed none (the head
+    was the guess: nothing else stopped it), and nothing written. None when it was not sent or
+    missed twice: nothing is written, and the caller sends the change in a transaction of its
+    own."""
+    conn = connections[using]
+    if not sql.startswith("UPDATE "):
+        raise ValueError("not an UPDATE")
+
+    def send(guess: tuple[int, str], pre) -> list[tuple] | _Moved:
+        written = _with_events(conn, events, after="changed", guess=guess)
+        rows = _send_update_alone(conn, sql, params, returning, written, pre)
+        if isinstance(rows, _Moved):
+            return rows
+        if rows:
+            ours = [row for row in rows if row[0] is not None]
+            _events_committed(conn, events, *(ours or rows)[0][:4])
+        return [row[4:] for row in rows]
+
+    return _alone(conn, events, send)
 
 
 def update_queryset_with_events(
@@ -560,26 +598,19 @@ def update_queryset_with_events(
 ) -> int:
     """update_queryset_holding_head() anywhere: how many rows changed. The change and its
     events commit together or not at all. Outside a transaction on PostgreSQL, one statement in
-    autocommit (no BEGIN, no COMMIT), sent again once when the head had moved (_alone); else in
-    a transaction of its own. Inside one, part of it (update_queryset_holding_head())."""
+    autocommit (no BEGIN, no COMMIT), sent again once when the head had moved (update_alone);
+    else in a transaction of its own. Inside one, part of it (update_queryset_holding_head())."""
     conn = connections[queryset.db]
-
-    def send(guess: tuple[int, str], pre) -> int | _Moved:
-        update_sql, params = transitions.update_statement(queryset.filter(_HELD), **values)
-        written = _with_events(conn, events, after="changed", guess=guess)
-        rows = _send_update_alone(conn, update_sql, params, written, pre)
-        if isinstance(rows, _Moved):
-            return rows
-        if rows:
-            ours = [row for row in rows if row[0] is not None]
-            _events_committed(conn, events, *(ours or rows)[0])
-        return len(rows)
-
-    changed = _alone(conn, events, send)
-    if changed is None:
+    rows = None
+    if _may_go_alone(conn):
+        update_sql, params = transitions.update_statement(
+            queryset.filter(HEAD_AS_GUESSED), **values
+        )
+        rows = update_alone(update_sql, params, returning="1", events=events, using=queryset.db)
+    if rows is None:
         with transaction.atomic(using=queryset.db):
-            changed = update_queryset_holding_head(queryset, events=events, **values)
-    return changed
+            return update_queryset_holding_head(queryset, events=events, **values)
+    return len(rows)
 
 
 def send_pair_with_events(

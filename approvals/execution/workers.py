@@ -10,7 +10,10 @@ workers nobody has seen for STALE_LEASES lease lengths (settle_abandoned_tasks).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+import threading
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -21,7 +24,8 @@ from django_tasks_db.models import DBTaskResult, get_date_max
 from django_tasks_db.utils import exclusive_transaction, is_locked_database_exception
 
 from approvals.core import statements
-from approvals.models import WorkerHeartbeat
+from approvals.execution import queue
+from approvals.models import Run, WorkerHeartbeat
 
 # A worker not seen for this many lease lengths (or reaper intervals, if longer) has stopped.
 STALE_LEASES = 3
@@ -55,15 +59,26 @@ def claim_next(*, backend_name: str, queue_names: list[str], worker_id: str) -> 
                     raise
                 task_result = None
         return task_result
-    table = conn.ops.quote_name(DBTaskResult._meta.db_table)
+    quote = conn.ops.quote_name
+    table = quote(DBTaskResult._meta.db_table)
     returning = statements.returning(DBTaskResult, using=using)
     now = timezone.now()
+    # A task of a run (its first argument the run's id): the run's tenant and attempts as this
+    # statement's snapshot has them, read with the claim (RunHint).
+    run_of_task = (
+        "CASE WHEN task_path = ANY(%s) AND jsonb_typeof(args_kwargs -> 'args' -> 0) = 'number' "
+        "THEN (args_kwargs -> 'args' ->> 0)::bigint END"
+    )
+    hint = (
+        f"(SELECT ARRAY[id, tenant_id, attempts] FROM {quote(Run._meta.db_table)} "
+        f"WHERE id = {run_of_task})"
+    )
     sql = (
         f"UPDATE {table} SET status = %s, started_at = %s, worker_ids = worker_ids || %s::jsonb "
         f"WHERE id = (SELECT id FROM {table} WHERE status = %s AND backend_name = %s "
         "AND queue_name = ANY(%s) AND (run_after = %s OR run_after <= %s) "
         "ORDER BY priority DESC, run_after ASC, enqueued_at ASC "
-        f"LIMIT 1 FOR UPDATE SKIP LOCKED) RETURNING {returning}"
+        f"LIMIT 1 FOR UPDATE SKIP LOCKED) RETURNING {returning}, {hint}"
     )
     params = [
         TaskResultStatus.RUNNING,
@@ -74,11 +89,46 @@ def claim_next(*, backend_name: str, queue_names: list[str], worker_id: str) -> 
         list(queue_names),
         get_date_max(),
         now,
+        [queue.resume_run_task.module_path, queue.start_run_task.module_path],
     ]
     with conn.cursor() as cursor:
         cursor.execute(sql, params)
         row = cursor.fetchone()
-    return None if row is None else statements.row_object(DBTaskResult, row, using=using)
+    if row is None:
+        return None
+    task_result = statements.row_object(DBTaskResult, row[:-1], using=using)
+    task_result.run_hint = RunHint(*row[-1]) if row[-1] else None
+    return task_result
+
+
+@dataclass(frozen=True)
+class RunHint:
+    """A run task's run as the claim of the task read it: its tenant and attempts, so that the
+    run's own claim (runs.lease) can link its audit event beforehand and go as one statement.
+    Only a guess: the run's claim checks both."""
+
+    run_id: int
+    tenant_id: int
+    attempts: int
+
+
+_hints = threading.local()
+
+
+@contextmanager
+def hinted(hint: RunHint | None) -> Iterator[None]:
+    """While the task of `hint` runs on this thread, run_hint() gives it."""
+    _hints.hint = hint
+    try:
+        yield
+    finally:
+        _hints.hint = None
+
+
+def run_hint(run_id: int) -> RunHint | None:
+    """The hint of the task running on this thread, when it is of this run."""
+    hint = getattr(_hints, "hint", None)
+    return hint if hint is not None and hint.run_id == run_id else None
 
 
 def keep_if_usable(conn) -> None:

@@ -33,7 +33,7 @@ from approvals import transitions
 from approvals.audit import chain, changes
 from approvals.core import statements
 from approvals.core.redaction import redact
-from approvals.execution import ledger
+from approvals.execution import ledger, workers
 from approvals.execution.sessions import SessionRef, reopen
 from approvals.execution.state import PauseError
 from approvals.live import hints
@@ -79,9 +79,12 @@ def claim(run_id: int, worker_id: str, work: Work) -> Run | None:
     """Take the run for this worker, or None when it is not waiting for this work (another
     delivery has it, it moved on, or it is a caller's run).
 
-    Side effects, in one transaction: the lease (owner, expiry, attempts + 1) and the work's
-    audit event with the attempt; a live hint after commit. On PostgreSQL the lease's statement
-    is written once per process and kind of work (core.statements).
+    Side effects, committed together: the lease (owner, expiry, attempts + 1) and the work's
+    audit event with the attempt; a live hint after commit. On PostgreSQL, when the task's claim
+    read the run's tenant and attempts (workers.RunHint) and this process has seen that
+    tenant's audit head, one statement committed alone (_claim_alone); else a transaction of
+    two. The lease's statements are written once per process and kind of work
+    (core.statements).
     """
     now = timezone.now()
     values = {
@@ -90,6 +93,32 @@ def claim(run_id: int, worker_id: str, work: Work) -> Run | None:
         "now": now,
         "until": now + timedelta(seconds=settings.APPROVALS_LEASE_SECONDS),
     }
+    run = None
+    if connection.vendor == "postgresql":
+        run = _claim_alone(values, work, workers.run_hint(run_id))
+    if run is None:
+        run = _claim_in_transaction(values, work)
+    if run is None:
+        return None
+    hints.notify_on_commit(run.tenant_id, "run.changed", run=run.pk, status=work.holding)
+    return run
+
+
+def _claim_event(values: dict[str, Any], work: Work, tenant_id: int, attempt: int) -> dict:
+    """The claim's audit event's fields: the work's action, by this worker, with the attempt."""
+    return {
+        "tenant_id": tenant_id,
+        "action": work.action,
+        "actor_name": f"worker {values['worker']}",
+        "run_id": values["run"],
+        "outcome": work.holding,
+        "detail": {"attempt": attempt},
+    }
+
+
+def _claim_in_transaction(values: dict[str, Any], work: Work) -> Run | None:
+    """The claim and its event in a transaction: the claim's UPDATE also locks the tenant's
+    head (changes.update_holding_head), and the event, linked to it, is one more statement."""
     with transaction.atomic():
         if connection.vendor == "postgresql":
             sql, params = statements.statement(
@@ -100,30 +129,53 @@ def claim(run_id: int, worker_id: str, work: Work) -> Run | None:
         run = transitions.moved_run(
             sql, params, to=work.holding, write=changes.update_holding_head, using=connection.alias
         )
-        if run is None:
-            return None
-        chain.append(
-            tenant_id=run.tenant_id,
-            action=work.action,
-            actor_name=f"worker {worker_id}",
-            run_id=run.pk,
-            outcome=work.holding,
-            detail={"attempt": run.attempts},
-        )
-    hints.notify_on_commit(run.tenant_id, "run.changed", run=run.pk, status=work.holding)
+        if run is not None:
+            chain.append(**_claim_event(values, work, run.tenant_id, run.attempts))
     return run
 
 
-def _claiming(values: dict[str, Any], work: Work) -> tuple[str, tuple]:
-    """The claim's UPDATE of the run: waiting for this work, or held with a lapsed lease."""
+def _claim_alone(values: dict[str, Any], work: Work, hint: workers.RunHint | None) -> Run | None:
+    """The claim and its event in one statement committed alone (changes.update_alone), the
+    event linked beforehand, when the hint is right: the run's tenant, and its attempts (the
+    claim's UPDATE also requires them, so the attempt the event records is the one it takes).
+    None when it was not sent or changed nothing: a wrong hint, a run not waiting for this
+    work, a head missed twice; the transaction then claims it, or says why not."""
+    if hint is None:
+        return None
+    rows = changes.update_alone(
+        *statements.statement(
+            ("lease.claim", work.name, "alone"),
+            lambda v: _claiming(v, work, hint=v),
+            {**values, "tenant": hint.tenant_id, "attempts": hint.attempts},
+        ),
+        returning=statements.returning(Run, using=connection.alias),
+        events=[chain.new_event(**_claim_event(values, work, hint.tenant_id, hint.attempts + 1))],
+        using=connection.alias,
+    )
+    if not rows:
+        return None
+    (row,) = rows
+    return statements.row_object(Run, row, using=connection.alias)
+
+
+def _claiming(values: dict[str, Any], work: Work, *, hint=None) -> tuple[str, tuple]:
+    """The claim's UPDATE of the run: waiting for this work, or held with a lapsed lease.
+    hint: values with the "tenant" and "attempts" _claim_alone guesses: also only a run of that
+    tenant with those attempts so far, while the tenant's audit head is as guessed
+    (changes.update_alone's)."""
     waiting = Q(status=work.waiting)
     if work.waiting == work.holding:
         waiting &= Q(lease_owner="")
+    runs = Run.objects.filter(pk=values["run"], executor=RunExecutor.CONSOLE).filter(
+        waiting | Q(status=work.holding, lease_expires_at__lt=values["now"])
+    )
+    if hint is not None:
+        runs = runs.filter(
+            changes.HEAD_AS_GUESSED, tenant_id=hint["tenant"], attempts=hint["attempts"]
+        )
     return transitions.move_run_statement(
         # A caller's run is resumed by its caller, never by a worker.
-        Run.objects.filter(pk=values["run"], executor=RunExecutor.CONSOLE).filter(
-            waiting | Q(status=work.holding, lease_expires_at__lt=values["now"])
-        ),
+        runs,
         to=work.holding,
         lease_owner=values["worker"],
         lease_expires_at=values["until"],

@@ -176,7 +176,7 @@ class ResumePool(db_worker.Worker):
         self.activity = activity or ResumeActivity()
 
     def run_task(self, task_result: DBTaskResult) -> None:
-        with self.activity.task():
+        with self.activity.task(), workers.hinted(getattr(task_result, "run_hint", None)):
             super().run_task(task_result)
 
     def run(self) -> None:

@@ -873,13 +873,13 @@ def _send_alone(run, *, guess: tuple[int, str], precondition: tuple[int, str]):
     """The ledger's statement alone, its event linked to guess, its precondition that the head
     is `precondition`."""
     update_sql, params = transitions.update_statement(
-        Run.objects.filter(pk=run.pk).filter(changes._HELD), title="x"
+        Run.objects.filter(pk=run.pk).filter(changes.HEAD_AS_GUESSED), title="x"
     )
     written = changes._with_events(
         connection, [_event(run.tenant, "x")], after="changed", guess=guess
     )
     pre = changes._precondition(connection, run.tenant_id, precondition)
-    return changes._send_update_alone(connection, update_sql, params, written, pre)
+    return changes._send_update_alone(connection, update_sql, params, "1", written, pre)
 
 
 @POSTGRES_ONLY

@@ -10,15 +10,16 @@ import psycopg
 import pytest
 from django.core.management import CommandError, call_command
 from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
+from django_tasks_db.management.commands import db_worker
 
 from approvals.audit import chain as audit
-from approvals.execution import queue
+from approvals.execution import queue, workers
 from approvals.management.commands import worker
 from approvals.models import Role, Tenant
 from notifications.deliveries import deliver_webhook_task
 from notifications.models import FanOutCursor
 from tests.notifications.conftest import caught_up, make_endpoint
-from tests.support import TenantFactory, member
+from tests.support import TenantFactory, member, paused_run
 
 pytestmark = pytest.mark.django_db
 
@@ -289,6 +290,27 @@ def test_a_kept_connection_the_server_dropped_is_replaced_and_the_claim_sent_aga
     assert ran == [1, 2]
     assert len(opened) == 2
     assert "claiming again on a fresh one" in caplog.text
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="the claim's hint")
+@pytest.mark.django_db(transaction=True)
+def test_the_resume_pool_gives_a_task_s_hint_to_its_run_s_claim_while_it_runs(monkeypatch):
+    tenant = TenantFactory(slug="acme")
+    run = paused_run(tenant)
+    queue.resume_run_task.enqueue(run.pk)
+    pool = _resume_pool(max_tasks=1)
+    seen = []
+
+    def library_run_task(self, task_result):
+        seen.append(workers.run_hint(run.pk))
+        self._run_tasks += 1
+
+    monkeypatch.setattr(db_worker.Worker, "run_task", library_run_task)
+    pool.run()
+
+    assert seen == [workers.RunHint(run.pk, tenant.pk, run.attempts)]
+    # Only while the task runs.
+    assert workers.run_hint(run.pk) is None
 
 
 # --- resumes first ----------------------------------------------------------------------------

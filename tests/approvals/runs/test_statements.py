@@ -7,6 +7,7 @@ import pytest
 from django.db import connection
 
 from approvals.decisions.decide import decide
+from approvals.execution import workers
 from approvals.models import Role, Run, RunStatus, Ticket, TicketStatus
 from approvals.runs import lease
 from approvals.runs.pause import pause_run
@@ -55,6 +56,26 @@ def test_statements_of_a_resume_that_completes():
     # statement with its event, commit on their own (autocommit): no BEGIN, no COMMIT. On
     # SQLite the claim, the confirmation and the outcome.
     assert counts["commits"] == {"postgresql": 1, "sqlite": 3}[connection.vendor]
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="the claim's hint")
+def test_statements_of_a_resume_whose_task_s_claim_read_the_run():
+    """As the worker resumes: its task's claim read the run's tenant and attempts, so the run's
+    claim and its event go as one statement, without a transaction."""
+    tenant = TenantFactory(slug="acme")
+    resume(run_id=_decided(tenant).pk, worker_id="w")
+    run = _decided(tenant)
+
+    with (
+        queries.counting() as counts,
+        workers.hinted(workers.RunHint(run.pk, tenant.pk, run.attempts)),
+    ):
+        outcome = resume(run_id=run.pk, worker_id="w")
+
+    assert outcome.status == RunStatus.COMPLETED
+    # The claim with its event, the tickets, the outcome; the tool's two.
+    assert (counts["main"], counts["other"]) == (3, 2), counts.log
+    assert counts["commits"] == 0
 
 
 def test_statements_of_a_pause():

@@ -409,14 +409,19 @@ class Command(BaseCommand):
             self.notified()
             chunk = groups[key]
             ids = [c.run_id for c in chunk]
-            cloning.approve_in_bulk(chunk, approver)
             before = database.sessions_opened()
             # Run as in the approve-to-completed part and as deployed: DEBUG off (no query log),
-            # warnings only, the Redis channel layer.
+            # warnings only, the Redis channel layer; started, and idle, before the runs are
+            # approved, as a deployed worker is: a worker's start (its imports, its first
+            # statements) is not a resume's cost, and started beside ready runs it would take a
+            # core from the worker that started first.
             workers = [
                 procs.start("worker", "worker", "--interval", "1", env=self.web_env())
                 for _ in range(workers_n)
             ]
+            if cpu.available():
+                cpu.wait_idle(p.pid for p in workers)
+            cloning.approve_in_bulk(chunk, approver)
             cloning.wait_finished(ids, timeout=300, procs=workers)
             after = database.sessions_opened()
             for proc in workers:
@@ -437,10 +442,13 @@ class Command(BaseCommand):
         # One worker: 500 resumes, its RSS; then the rest (to 5,000 in all), its RSS again.
         self.notified()
         first, rest = groups["mem_a"], groups["mem_b"]
-        cloning.approve_in_bulk(first, approver)
         worker = procs.start("worker", "worker", "--interval", "1", env=self.web_env())
-        time.sleep(0.5)
+        if cpu.available():
+            cpu.wait_idle([worker.pid])
+        else:
+            time.sleep(0.5)
         rss_start = worker.rss_kib()
+        cloning.approve_in_bulk(first, approver)
         cloning.wait_finished([c.run_id for c in first], timeout=300, procs=[worker])
         rss_500 = worker.rss_kib()
         span = cloning.span_seconds([c.run_id for c in first])

@@ -459,12 +459,17 @@ def _missed(error: DataError) -> tuple[int, str] | None:
     return (int(found[1]), found[2]) if found else None
 
 
-def _alone(conn, events: Sequence[AuditEvent], send: Callable[[tuple[int, str], Any], Any]) -> Any:
-    """send(guess, pre) in autocommit, pre the precondition that the head is guess, sent again
-    once with the head a miss read (send's _Moved) or found (its guard's error); None when it
-    may not (no events, several tenants, inside a transaction, not PostgreSQL, no head seen,
-    parameters bound by the client) or missed twice: the caller then sends the change in a
-    transaction of its own.
+def _alone(
+    conn,
+    events: Sequence[AuditEvent],
+    send: Callable[[tuple[int, str], Any], Any],
+    guess: tuple[int, str] | None = None,
+) -> Any:
+    """send(guess, pre) in autocommit, pre the precondition that the head is guess (the one
+    given, else the one this process last saw), sent again once with the head a miss read
+    (send's _Moved) or found (its guard's error); None when it may not (no events, several
+    tenants, inside a transaction, not PostgreSQL, no head known, parameters bound by the
+    client) or missed twice: the caller then sends the change in a transaction of its own.
 
     Bound by the client, a statement's values are in its text, and PostgreSQL logs the text of
     a statement that fails (log_min_error_statement): a guard's miss would put the change's
@@ -475,7 +480,7 @@ def _alone(conn, events: Sequence[AuditEvent], send: Callable[[tuple[int, str], 
     tenant_id = events[0].tenant_id
     if any(event.tenant_id != tenant_id for event in events):
         return None
-    guess = chain._last_seen(tenant_id)
+    guess = guess or chain._last_seen(tenant_id)
     for _ in range(2):
         if guess is None:
             return None
@@ -569,13 +574,15 @@ def update_alone(
     returning: str,
     events: Sequence[AuditEvent],
     using: str = DEFAULT_DB_ALIAS,
+    guess: tuple[int, str] | None = None,
 ) -> list[tuple] | None:
     """sql, an UPDATE of rows of the events' tenant written with the condition HEAD_AS_GUESSED,
     and the events that record it, in one statement committed alone (_alone): `returning`
     (SQL) of each row it changed, its events written with it; [] when it changed none (the head
     was the guess: nothing else stopped it), and nothing written. None when it was not sent or
     missed twice: nothing is written, and the caller sends the change in a transaction of its
-    own."""
+    own. guess: the tenant's head as the caller last read it (else as this process last saw
+    it), the events' first guess."""
     conn = connections[using]
     if not sql.startswith("UPDATE "):
         raise ValueError("not an UPDATE")
@@ -590,7 +597,7 @@ def update_alone(
             _events_committed(conn, events, *(ours or rows)[0][:4])
         return [row[4:] for row in rows]
 
-    return _alone(conn, events, send)
+    return _alone(conn, events, send, guess)
 
 
 def update_queryset_with_events(

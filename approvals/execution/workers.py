@@ -25,7 +25,7 @@ from django_tasks_db.utils import exclusive_transaction, is_locked_database_exce
 
 from approvals.core import statements
 from approvals.execution import queue
-from approvals.models import Run, WorkerHeartbeat
+from approvals.models import Run, Tenant, WorkerHeartbeat
 
 # A worker not seen for this many lease lengths (or reaper intervals, if longer) has stopped.
 STALE_LEASES = 3
@@ -63,15 +63,18 @@ def claim_next(*, backend_name: str, queue_names: list[str], worker_id: str) -> 
     table = quote(DBTaskResult._meta.db_table)
     returning = statements.returning(DBTaskResult, using=using)
     now = timezone.now()
-    # A task of a run (its first argument the run's id): the run's tenant and attempts as this
-    # statement's snapshot has them, read with the claim (RunHint).
+    # A task of a run (its first argument the run's id): the run's tenant and attempts, and
+    # the tenant's audit head, as this statement's snapshot has them, read with the claim
+    # (RunHint).
     run_of_task = (
         "CASE WHEN task_path = ANY(%s) AND jsonb_typeof(args_kwargs -> 'args' -> 0) = 'number' "
         "THEN (args_kwargs -> 'args' ->> 0)::bigint END"
     )
     hint = (
-        f"(SELECT ARRAY[id, tenant_id, attempts] FROM {quote(Run._meta.db_table)} "
-        f"WHERE id = {run_of_task})"
+        "(SELECT json_build_array(run.id, run.tenant_id, run.attempts, tenant.audit_seq, "
+        f"tenant.audit_head) FROM {quote(Run._meta.db_table)} AS run "
+        f"JOIN {quote(Tenant._meta.db_table)} AS tenant ON tenant.id = run.tenant_id "
+        f"WHERE run.id = {run_of_task})"
     )
     sql = (
         f"UPDATE {table} SET status = %s, started_at = %s, worker_ids = worker_ids || %s::jsonb "
@@ -97,19 +100,24 @@ def claim_next(*, backend_name: str, queue_names: list[str], worker_id: str) -> 
     if row is None:
         return None
     task_result = statements.row_object(DBTaskResult, row[:-1], using=using)
-    task_result.run_hint = RunHint(*row[-1]) if row[-1] else None
+    hint = row[-1]
+    task_result.run_hint = (
+        RunHint(*hint[:3], head=(int(hint[3]), hint[4])) if hint is not None else None
+    )
     return task_result
 
 
 @dataclass(frozen=True)
 class RunHint:
-    """A run task's run as the claim of the task read it: its tenant and attempts, so that the
-    run's own claim (runs.lease) can link its audit event beforehand and go as one statement.
-    Only a guess: the run's claim checks both."""
+    """A run task's run as the claim of the task read it: its tenant and attempts, and the
+    tenant's audit head, so that the run's own claim (runs.lease) can link its audit event
+    beforehand and go as one statement. Only a guess: the run's claim checks each."""
 
     run_id: int
     tenant_id: int
     attempts: int
+    # (seq, hash); None: not read.
+    head: tuple[int, str] | None = None
 
 
 _hints = threading.local()

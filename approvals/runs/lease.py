@@ -151,6 +151,9 @@ def _claim_alone(values: dict[str, Any], work: Work, hint: workers.RunHint | Non
         returning=statements.returning(Run, using=connection.alias),
         events=[chain.new_event(**_claim_event(values, work, hint.tenant_id, hint.attempts + 1))],
         using=connection.alias,
+        # Read with the task's claim a moment ago: fresher than this process's last sighting,
+        # which another worker's appends since would have made a miss.
+        guess=hint.head,
     )
     if not rows:
         return None

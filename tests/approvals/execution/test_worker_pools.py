@@ -308,7 +308,8 @@ def test_the_resume_pool_gives_a_task_s_hint_to_its_run_s_claim_while_it_runs(mo
     monkeypatch.setattr(db_worker.Worker, "run_task", library_run_task)
     pool.run()
 
-    assert seen == [workers.RunHint(run.pk, tenant.pk, run.attempts)]
+    head = Tenant.objects.values_list("audit_seq", "audit_head").get(pk=tenant.pk)
+    assert seen == [workers.RunHint(run.pk, tenant.pk, run.attempts, head=head)]
     # Only while the task runs.
     assert workers.run_hint(run.pk) is None
 

@@ -12,7 +12,7 @@ from approvals.audit import chain as audit
 from approvals.audit import changes
 from approvals.decisions.decide import decide
 from approvals.execution import queue, workers
-from approvals.models import AuditEvent, Role, Run, RunStatus, Ticket
+from approvals.models import AuditEvent, Role, Run, RunStatus, Tenant, Ticket
 from approvals.runs import lease
 from devtools.bench import queries
 from tests.support import TenantFactory, member, paused_run
@@ -59,7 +59,8 @@ def test_the_claim_of_a_run_s_task_reads_the_run_s_tenant_and_attempts():
     task_result = _claim_task()
 
     assert task_result.args_kwargs["args"] == [run.pk]
-    assert task_result.run_hint == workers.RunHint(run.pk, tenant.pk, 3)
+    head = Tenant.objects.values_list("audit_seq", "audit_head").get(pk=tenant.pk)
+    assert task_result.run_hint == workers.RunHint(run.pk, tenant.pk, 3, head=head)
 
 
 @POSTGRES_ONLY
@@ -101,6 +102,22 @@ def test_a_claim_with_the_run_s_hint_is_one_statement_and_no_transaction():
     assert _attempts_recorded(run) == [run.attempts + 1]
     assert audit.verify_chain(tenant).ok
     assert Run.objects.get(pk=run.pk).status == RunStatus.RESUMING
+
+
+@POSTGRES_ONLY
+def test_a_claim_links_its_event_to_the_head_its_hint_read_not_to_an_older_sighting():
+    tenant = TenantFactory(slug="acme")
+    run = _queued(tenant)
+    head = Tenant.objects.values_list("audit_seq", "audit_head").get(pk=tenant.pk)
+    # As if another worker had appended since this process last wrote to the chain.
+    audit._saw(tenant.pk, 1, "f" * 64)
+
+    claimed, counts = _claimed(run, workers.RunHint(run.pk, tenant.pk, run.attempts, head=head))
+
+    assert claimed.attempts == run.attempts + 1
+    # No miss: the hint's head was the head.
+    assert (counts["main"], counts["commits"]) == (1, 0), counts.log
+    assert audit.verify_chain(tenant).ok
 
 
 @POSTGRES_ONLY

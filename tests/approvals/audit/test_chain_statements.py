@@ -724,6 +724,19 @@ def test_a_pair_and_its_event():
     _linked_last(tenant, event)
 
 
+def _end_statement(run, *, guarded: bool, was: str | None = None):
+    """pair_statement() of the run's retitling to "ended" (when its title is `was`, else its
+    own) and its pending tickets superseded."""
+    return changes.pair_statement(
+        Run.objects.filter(pk=run.pk, title=run.title if was is None else was),
+        {"title": "ended"},
+        Ticket.objects.filter(run=run, status=TicketStatus.PENDING),
+        {"status": TicketStatus.SUPERSEDED},
+        link="run_id",
+        guarded=guarded,
+    )
+
+
 @pytest.mark.parametrize("guarded", [False, True])
 @pytest.mark.parametrize("guess", ["seen", "moved on"])
 def test_a_pair_sent_with_its_events_writes_them_whatever_the_guess(guess, guarded):
@@ -735,15 +748,8 @@ def test_a_pair_sent_with_its_events_writes_them_whatever_the_guess(guess, guard
 
     with transaction.atomic():
         if connection.vendor == "postgresql":
-            sql, params = changes.pair_statement(
-                Run.objects.filter(pk=run.pk),
-                {"title": "ended"},
-                Ticket.objects.filter(run=run, status=TicketStatus.PENDING),
-                {"status": TicketStatus.SUPERSEDED},
-                link="run_id",
-                # In a transaction a guarded statement's precondition always holds.
-                guarded=guarded,
-            )
+            # In a transaction a guarded statement's precondition always holds.
+            sql, params = _end_statement(run, guarded=guarded)
             changed = changes.send_pair_holding_head(sql, params, events=events)
         else:
             changed = _pair(run)
@@ -1055,13 +1061,7 @@ def test_a_pair_alone_writes_both_changes_and_the_event_whatever_the_guess(guess
 def test_a_pair_alone_is_refused_a_statement_written_without_its_precondition():
     tenant = TenantFactory(slug="acme")
     run = paused_run(tenant)
-    sql, params = changes.pair_statement(
-        Run.objects.filter(pk=run.pk),
-        {"title": "ended"},
-        Ticket.objects.filter(run=run, status=TicketStatus.PENDING),
-        {"status": TicketStatus.SUPERSEDED},
-        link="run_id",
-    )
+    sql, params = _end_statement(run, guarded=False)
 
     with pytest.raises(ValueError, match="guarded"):
         changes.send_pair_with_events(sql, params, events=[_event(tenant, "ended")])
@@ -1074,14 +1074,7 @@ def test_a_pair_alone_whose_first_update_changes_nothing_writes_nothing():
     tenant = TenantFactory(slug="acme")
     run = paused_run(tenant)
     before = _outcomes(tenant)
-    sql, params = changes.pair_statement(
-        Run.objects.filter(pk=run.pk, title="not this title"),
-        {"title": "ended"},
-        Ticket.objects.filter(run=run, status=TicketStatus.PENDING),
-        {"status": TicketStatus.SUPERSEDED},
-        link="run_id",
-        guarded=True,
-    )
+    sql, params = _end_statement(run, guarded=True, was="not this title")
 
     changed = changes.send_pair_with_events(sql, params, events=[_event(tenant, "ended")])
 

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
+from approvals.audit import alone
 from approvals.audit import chain as audit
-from approvals.audit import changes
 from approvals.core import faults, statements
 from approvals.core.canonical import canonical_json, sha256_hex
 from approvals.models import IdempotencyRecord, LedgerStatus
@@ -163,7 +163,7 @@ def perform(
             )
             # The record's update and its event commit together: one statement of its own,
             # sent again once when the head had moved, else a transaction of two.
-            changes.update_queryset_with_events(
+            alone.update_queryset_with_events(
                 IdempotencyRecord.objects.filter(pk=record.pk),
                 events=[done],
                 status=LedgerStatus.DONE,

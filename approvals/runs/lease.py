@@ -30,7 +30,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from approvals import transitions
-from approvals.audit import chain, changes
+from approvals.audit import alone, chain, changes
 from approvals.core import statements
 from approvals.core.redaction import redact
 from approvals.execution import ledger, workers
@@ -135,14 +135,14 @@ def _claim_in_transaction(values: dict[str, Any], work: Work) -> Run | None:
 
 
 def _claim_alone(values: dict[str, Any], work: Work, hint: workers.RunHint | None) -> Run | None:
-    """The claim and its event in one statement committed alone (changes.update_alone), the
+    """The claim and its event in one statement committed alone (alone.update_alone), the
     event linked beforehand, when the hint is right: the run's tenant, and its attempts (the
     claim's UPDATE also requires them, so the attempt the event records is the one it takes).
     None when it was not sent or changed nothing: a wrong hint, a run not waiting for this
     work, a head missed twice; the transaction then claims it, or says why not."""
     if hint is None:
         return None
-    rows = changes.update_alone(
+    rows = alone.update_alone(
         *statements.statement(
             ("lease.claim", work.name, "alone"),
             lambda v: _claiming(v, work, hint=v),
@@ -165,7 +165,7 @@ def _claiming(values: dict[str, Any], work: Work, *, hint=None) -> tuple[str, tu
     """The claim's UPDATE of the run: waiting for this work, or held with a lapsed lease.
     hint: values with the "tenant" and "attempts" _claim_alone guesses: also only a run of that
     tenant with those attempts so far, while the tenant's audit head is as guessed
-    (changes.update_alone's)."""
+    (alone.update_alone's)."""
     waiting = Q(status=work.waiting)
     if work.waiting == work.holding:
         waiting &= Q(lease_owner="")
@@ -326,7 +326,7 @@ def finish(run: Run, *, status: str, reason: str = "", final_output: str = "", a
             ),
             values,
         )
-        stored, _ = changes.send_pair_with_events(sql, params, events=[ended])
+        stored, _ = alone.send_pair_with_events(sql, params, events=[ended])
     else:
         with transaction.atomic():
             stored, _ = _ending(

@@ -11,8 +11,8 @@ from django.db import DataError, IntegrityError, connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 from approvals import signals, transitions
+from approvals.audit import alone, changes
 from approvals.audit import chain as audit
-from approvals.audit import changes
 from approvals.models import AuditEvent, Run, Tenant, Ticket, TicketStatus
 from devtools.bench import queries
 from tests.support import TenantFactory, paused_run, wait_until
@@ -828,7 +828,7 @@ def _retitle_alone(run, title: str, *, was: str | None = None):
     too), transactions committed, the event)."""
     event = _event(run.tenant, title)
     with queries.counting() as counts:
-        changed = changes.update_queryset_with_events(
+        changed = alone.update_queryset_with_events(
             Run.objects.filter(pk=run.pk, title=run.title if was is None else was),
             events=[event],
             title=title,
@@ -861,7 +861,7 @@ def test_a_change_alone_whose_guess_missed_is_sent_again_linked_to_the_head_it_r
     # As if another process had appended since this one last saw the head.
     audit._saw(tenant.pk, 1, "f" * 64)
     guards = []
-    monkeypatch.setattr(changes, "_missed", lambda error: guards.append(error))
+    monkeypatch.setattr(alone, "_missed", lambda error: guards.append(error))
 
     changed, statements, commits, event = _retitle_alone(run, "moved")
 
@@ -884,8 +884,8 @@ def _send_alone(run, *, guess: tuple[int, str], precondition: tuple[int, str]):
     written = changes._with_events(
         connection, [_event(run.tenant, "x")], after="changed", guess=guess
     )
-    pre = changes._precondition(connection, run.tenant_id, precondition)
-    return changes._send_update_alone(connection, update_sql, params, "1", written, pre)
+    pre = alone._precondition(connection, run.tenant_id, precondition)
+    return alone._send_update_alone(connection, update_sql, params, "1", written, pre)
 
 
 @POSTGRES_ONLY
@@ -898,7 +898,7 @@ def test_a_change_alone_whose_head_moved_before_it_began_changes_nothing_and_rea
     # No error: the precondition read another head in the statement's snapshot.
     sent = _send_alone(run, guess=(1, "f" * 64), precondition=(1, "f" * 64))
 
-    assert sent == changes._Moved(head)
+    assert sent == alone._Moved(head)
     assert Run.objects.get(pk=run.pk).title == run.title
     assert AuditEvent.objects.filter(tenant=tenant).count() == events
     assert Tenant.objects.values_list("audit_seq", "audit_head").get(pk=tenant.pk) == head
@@ -912,7 +912,7 @@ def test_a_change_alone_that_changes_no_row_answers_none_whether_its_head_held_o
     no_such_run = Run(pk=run.pk + 10_000, tenant=tenant)
 
     assert _send_alone(no_such_run, guess=head, precondition=head) == []
-    assert _send_alone(no_such_run, guess=head, precondition=(1, "f" * 64)) == changes._Moved(head)
+    assert _send_alone(no_such_run, guess=head, precondition=(1, "f" * 64)) == alone._Moved(head)
     assert Tenant.objects.values_list("audit_seq", "audit_head").get(pk=tenant.pk) == head
 
 
@@ -928,7 +928,7 @@ def test_a_guarded_statement_whose_guess_missed_under_the_lock_changes_nothing_a
     with pytest.raises(DataError) as raised:
         _send_alone(run, guess=(1, "f" * 64), precondition=head)
 
-    assert changes._missed(raised.value) == head
+    assert alone._missed(raised.value) == head
     assert Run.objects.get(pk=run.pk).title == run.title
     assert AuditEvent.objects.filter(tenant=tenant).count() == events
     assert Tenant.objects.values_list("audit_seq", "audit_head").get(pk=tenant.pk) == head
@@ -939,7 +939,7 @@ def test_a_change_alone_that_misses_twice_goes_in_a_transaction_of_its_own(monke
     run = paused_run(tenant)
     audit._saw(tenant.pk, 1, "f" * 64)
     # As if another process appended again before each sending: every head read is stale.
-    monkeypatch.setattr(changes, "_pre_answer", lambda *answer: changes._Moved((1, "e" * 64)))
+    monkeypatch.setattr(alone, "_pre_answer", lambda *answer: alone._Moved((1, "e" * 64)))
 
     changed, statements, commits, event = _retitle_alone(run, "moved")
 
@@ -993,7 +993,7 @@ def test_a_change_alone_inside_a_transaction_is_part_of_it():
     run = paused_run(tenant)
 
     with pytest.raises(LookupError), transaction.atomic():
-        changes.update_queryset_with_events(
+        alone.update_queryset_with_events(
             Run.objects.filter(pk=run.pk), events=[_event(tenant, "undone")], title="undone"
         )
         raise LookupError("the caller's transaction fails after the change")
@@ -1021,7 +1021,7 @@ def test_a_pair_alone_writes_both_changes_and_the_event_whatever_the_guess(guess
     if guess == "moved on":
         audit._saw(tenant.pk, 1, "f" * 64)
     guards = []
-    monkeypatch.setattr(changes, "_missed", lambda error: guards.append(error))
+    monkeypatch.setattr(alone, "_missed", lambda error: guards.append(error))
     event = _event(tenant, "ended")
     first = Run.objects.filter(pk=run.pk)
     then = Ticket.objects.filter(run=run, status=TicketStatus.PENDING)
@@ -1036,7 +1036,7 @@ def test_a_pair_alone_writes_both_changes_and_the_event_whatever_the_guess(guess
                 link="run_id",
                 guarded=True,
             )
-            changed = changes.send_pair_with_events(sql, params, events=[event])
+            changed = alone.send_pair_with_events(sql, params, events=[event])
         else:
             with transaction.atomic():
                 changed = changes.update_pair_holding_head(
@@ -1064,7 +1064,7 @@ def test_a_pair_alone_is_refused_a_statement_written_without_its_precondition():
     sql, params = _end_statement(run, guarded=False)
 
     with pytest.raises(ValueError, match="guarded"):
-        changes.send_pair_with_events(sql, params, events=[_event(tenant, "ended")])
+        alone.send_pair_with_events(sql, params, events=[_event(tenant, "ended")])
 
     assert Run.objects.get(pk=run.pk).title == run.title
 
@@ -1076,7 +1076,7 @@ def test_a_pair_alone_whose_first_update_changes_nothing_writes_nothing():
     before = _outcomes(tenant)
     sql, params = _end_statement(run, guarded=True, was="not this title")
 
-    changed = changes.send_pair_with_events(sql, params, events=[_event(tenant, "ended")])
+    changed = alone.send_pair_with_events(sql, params, events=[_event(tenant, "ended")])
 
     assert changed == (0, 0)
     assert _outcomes(tenant) == before

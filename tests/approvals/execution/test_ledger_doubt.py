@@ -235,7 +235,7 @@ def test_an_effect_whose_confirmation_cannot_be_stored_is_in_doubt_and_stops_the
             queryset.update(**values)
             raise DatabaseError("disk full")
 
-    monkeypatch.setattr(ledger.changes, "update_queryset_with_events", refuse)
+    monkeypatch.setattr(ledger.alone, "update_queryset_with_events", refuse)
     reason = (
         "deploy_release on production ran in attempt w3 but its confirmation could not be "
         "stored (DatabaseError); check whether it happened"

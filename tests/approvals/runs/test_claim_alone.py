@@ -8,8 +8,8 @@ import pytest
 from django.db import connection
 from django_tasks_db.models import DBTaskResult
 
+from approvals.audit import alone
 from approvals.audit import chain as audit
-from approvals.audit import changes
 from approvals.decisions.decide import decide
 from approvals.execution import queue, workers
 from approvals.models import AuditEvent, Role, Run, RunStatus, Tenant, Ticket
@@ -133,14 +133,14 @@ def test_a_claim_with_a_wrong_hint_changes_nothing_alone_and_claims_in_a_transac
         run.attempts + 5 if wrong == "attempts" else run.attempts,
     )
     guards = []
-    missed = changes._missed
+    missed = alone._missed
 
     def spied(error):
         guards.append(error)
         return missed(error)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(changes, "_missed", spied)
+        patch.setattr(alone, "_missed", spied)
         claimed, counts = _claimed(run, hint)
 
     assert claimed.attempts == run.attempts + 1
